@@ -1,0 +1,116 @@
+"""Step records, phases, per-phase statistics, rank aggregation and the device memory monitor."""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable, Sequence
+
+import torch
+
+# Step-record fields that are aggregated across ranks, and how.
+RANK_MAX_FIELDS = ("step_time_s", "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms")
+RANK_MIN_FIELDS = ("offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls")
+OFFLOAD_COUNTERS = RANK_MIN_FIELDS
+
+
+def phase_of(step: int, phase_starts: Sequence[int]) -> tuple[int, int]:
+    """(phase index, step within the phase) of an optimizer step, given the steps where phases begin."""
+    phase = max(i for i, start in enumerate(phase_starts) if start <= step)
+    return phase, step - phase_starts[phase]
+
+
+def quartiles(values: Sequence[float]) -> dict[str, float | None]:
+    """Median and inclusive p25/p75 (numpy's default linear interpolation); nulls for no values."""
+    if not values:
+        return {"median": None, "p25": None, "p75": None}
+    if len(values) == 1:
+        return {"median": values[0], "p25": values[0], "p75": values[0]}
+    p25, _, p75 = statistics.quantiles(values, n=4, method="inclusive")
+    return {"median": statistics.median(values), "p25": p25, "p75": p75}
+
+
+def _present(rows: Iterable[dict], key: str) -> list:
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def phase_stats(phase: int, rows: list[dict]) -> dict[str, Any]:
+    """Statistics of one phase; its first step compiles (or warms up) and is reported apart."""
+    first = [r for r in rows if r["phase_step"] == 0]
+    measured = [r for r in rows if r["phase_step"] > 0]
+    maxima = {k: (max(v) if (v := _present(rows, k)) else None)
+              for k in ("peak_allocated_bytes", "peak_reserved_bytes")}
+    sums = {k: (sum(v) if (v := _present(rows, k)) else None) for k in ("alloc_retries", "ooms")}
+    return {
+        "phase": phase,
+        "first_step": min(r["step"] for r in rows),
+        "last_step": max(r["step"] for r in rows),
+        "n": len(measured),
+        "compile_time_s": first[0]["step_time_s"] if first else None,
+        "step_time_s": quartiles(_present(measured, "step_time_s")),
+        "tokens_per_s": quartiles(_present(measured, "tokens_per_s")),
+        "tflops_per_gpu": quartiles(_present(measured, "tflops_per_gpu")),
+        "peak_allocated_bytes": {"max": maxima["peak_allocated_bytes"]},
+        "peak_reserved_bytes": {"max": maxima["peak_reserved_bytes"]},
+        "alloc_retries": {"sum": sums["alloc_retries"]},
+        "ooms": {"sum": sums["ooms"]},
+        "offload_bytes": {"median": quartiles(_present(measured, "offload_bytes"))["median"]},
+        "reload_bytes": {"median": quartiles(_present(measured, "reload_bytes"))["median"]},
+    }
+
+
+def summarize_phases(rows: list[dict]) -> list[dict[str, Any]]:
+    """Per-phase statistics of a run's step rows, in phase order."""
+    phases = sorted({r["phase"] for r in rows})
+    return [phase_stats(p, [r for r in rows if r["phase"] == p]) for p in phases]
+
+
+class MemoryMonitor:
+    """Per-step device memory peaks and allocator events (None everywhere on a CPU run)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self._retries = self._ooms = 0
+        if self.cuda:
+            stats = torch.cuda.memory_stats(device)
+            self._retries, self._ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
+
+    def reset_peaks(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def device_total_bytes(self) -> int | None:
+        return torch.cuda.get_device_properties(self.device).total_memory if self.cuda else None
+
+    def step_stats(self) -> dict[str, int | None]:
+        """Peaks since the last reset, and allocator retries/OOMs since the last call."""
+        if not self.cuda:
+            return {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "alloc_retries": None, "ooms": None}
+        stats = torch.cuda.memory_stats(self.device)
+        retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
+        out = {"peak_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
+               "peak_reserved_bytes": stats.get("reserved_bytes.all.peak", 0),
+               "alloc_retries": retries - self._retries, "ooms": ooms - self._ooms}
+        self._retries, self._ooms = retries, ooms
+        return out
+
+
+def aggregate_over_ranks(record: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Max over ranks for time and memory, min for offload counters (> 0 proves every rank ran them),
+    mean for the loss. A no-op for world size 1."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return record
+    out = dict(record)
+    for fields, op in ((RANK_MAX_FIELDS, dist.ReduceOp.MAX), (RANK_MIN_FIELDS, dist.ReduceOp.MIN)):
+        present = [k for k in fields if record.get(k) is not None]
+        if not present:
+            continue
+        values = torch.tensor([float(record[k]) for k in present], dtype=torch.float64, device=device)
+        dist.all_reduce(values, op=op)
+        for k, v in zip(present, values.tolist()):
+            out[k] = v if k == "step_time_s" else int(v)
+    loss = torch.tensor([record["loss"]], dtype=torch.float64, device=device)
+    dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+    out["loss"] = loss.item() / dist.get_world_size()
+    return out

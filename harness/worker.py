@@ -1,0 +1,199 @@
+"""One rank of one sweep point (started by torchrun; no Hydra): model + engine + the measured step loop.
+
+    python -m torch.distributed.run ... -m harness.worker RUN_DIR
+
+Reads RUN_DIR/config.yaml (written by the driver). Global rank 0 appends one steps.jsonl row per
+optimizer step and writes worker.json; any rank that fails writes error.rank<R>.json for the driver.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness import arms, models
+from harness.budget import resolve_budget_bytes
+from harness.metrics import OFFLOAD_COUNTERS, MemoryMonitor, aggregate_over_ranks, phase_of
+from harness.sinks import StepWriter, write_json_atomic
+
+OOM_EXIT_CODE = 3
+WORKER_FILE = "worker.json"
+
+
+def load_config(run_dir: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def init_distributed(cuda: bool) -> torch.device:
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    if not cuda:
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def resolve_budget(offload_cfg: dict, monitor: MemoryMonitor, device: torch.device) -> int | None:
+    """The offload budget in bytes, resolved on rank 0 (which knows the device) and sent to all ranks."""
+    total = monitor.device_total_bytes()
+    if offload_cfg["budget_gb"] is None and total is None:
+        return None
+    budget = resolve_budget_bytes(offload_cfg["budget_gb"], offload_cfg["budget_fraction"],
+                                  offload_cfg["margin"], total or 0)
+    value = torch.tensor([budget], dtype=torch.int64, device=device)
+    dist.broadcast(value, src=0)
+    return int(value.item())
+
+
+def gather_hostnames() -> list[str]:
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, socket.gethostname())
+    return sorted(set(names))
+
+
+def inject_fault(cfg: dict, step: int, rank: int) -> None:
+    """debug.fault: make a failure happen for real at a chosen step, to test how it is recorded."""
+    debug = cfg["debug"]
+    if debug["fault"] is None or step != debug["fault_step"] or rank != debug["fault_rank"]:
+        return
+    if debug["fault"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if debug["fault"] == "oom":
+        raise torch.OutOfMemoryError("CUDA out of memory (injected by debug.fault=oom)")
+    if debug["fault"] == "hang":
+        while True:
+            time.sleep(60)
+
+
+class OffloadCounters:
+    """Per-step deltas of an arm's cumulative offload counters (None for arms without them)."""
+
+    def __init__(self, arm_name: str):
+        self._read = arms.offload_counter_reader(arm_name)
+        self._last = self._read() if self._read else {}
+
+    def step_deltas(self) -> dict[str, int | None]:
+        if self._read is None:
+            return {k: None for k in OFFLOAD_COUNTERS}
+        now = self._read()
+        deltas = {k: (now[k] - self._last.get(k, 0)) if k in now else None for k in OFFLOAD_COUNTERS}
+        self._last = now
+        return deltas
+
+
+def run(cfg: dict, run_dir: Path) -> None:
+    import deepspeed
+
+    cuda = torch.cuda.is_available()
+    device = init_distributed(cuda)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    train, model_cfg = cfg["train"], cfg["model"]
+    monitor = MemoryMonitor(device)
+    budget = resolve_budget(cfg["offload"], monitor, device) if arms.arm_spec(cfg["arm"]["name"]).offloads_opt_states else None
+
+    ds_config = arms.deepspeed_config(cfg, cuda)
+    make_model = models.model_factory(model_cfg)
+    torch.manual_seed(train["seed"])
+    with deepspeed.zero.Init(config_dict_or_path=ds_config):
+        model = make_model()
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    schedule = arms.compile_schedule(cfg, engine, budget, str(run_dir))
+    if schedule is not None:
+        engine.compile(backend=cfg["arm"]["compile_backend"], schedule=schedule)
+    starts = arms.phase_starts(cfg, schedule)
+
+    flops_per_token = models.flops_per_token(model_cfg, n_params, train["seq_len"])
+    facts = {"world_size": world, "hostnames": gather_hostnames(), "budget_bytes": budget,
+             "device_total_bytes": monitor.device_total_bytes(), "phase_starts": starts, "n_params": n_params,
+             "flops_per_token": flops_per_token, "planned_offload_bytes": None}
+    writer = StepWriter(run_dir) if rank == 0 else None
+    if rank == 0:
+        write_json_atomic(run_dir / WORKER_FILE, facts)
+
+    generator = torch.Generator().manual_seed(train["seed"] * 1000 + rank)
+    counters = OffloadCounters(cfg["arm"]["name"])
+    tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
+    vocab = model_cfg["config"]["vocab_size"]
+    for step in range(train["steps"]):
+        inject_fault(cfg, step, rank)
+        phase, phase_step = phase_of(step, starts)
+        monitor.reset_peaks()
+        synchronize(device)
+        start = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(train["grad_accum"]):
+            ids = models.synthetic_batch(generator, train["micro_batch"], train["seq_len"], vocab, device)
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            engine.step()
+            loss_sum += loss.detach().float()
+        synchronize(device)  # the one sync per step: the time covers all queued device work
+        step_time = time.perf_counter() - start
+        record = {"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
+                  "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(), **counters.step_deltas()}
+        record = aggregate_over_ranks(record, device)
+        record["tokens"] = tokens
+        record["tokens_per_s"] = tokens / record["step_time_s"]
+        record["tflops_per_gpu"] = flops_per_token * tokens / record["step_time_s"] / world / 1e12
+        if writer is not None:
+            writer.write(record)
+            print(progress_line(record, train["steps"]), flush=True)
+
+    if rank == 0:
+        write_json_atomic(run_dir / WORKER_FILE,
+                          {**facts, "planned_offload_bytes": arms.planned_offload_bytes(cfg["arm"]["name"])})
+        writer.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def progress_line(record: dict, steps: int) -> str:
+    """The console's one line per step (the driver echoes lines that start with 'step ')."""
+    mem = ""
+    if record.get("peak_reserved_bytes") is not None:
+        mem = f" | mem {record['peak_allocated_bytes'] / 1e9:.1f}/{record['peak_reserved_bytes'] / 1e9:.1f} GB"
+    return (f"step {record['step'] + 1}/{steps} phase {record['phase']} | {record['step_time_s']:.3f} s"
+            f" | loss {record['loss']:.4f} | {record['tokens_per_s']:,.0f} tok/s{mem}")
+
+
+def write_error(run_dir: Path, kind: str, error: BaseException) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    write_json_atomic(run_dir / f"error.rank{rank}.json",
+                      {"kind": kind, "rank": rank, "message": f"{type(error).__name__}: {error}"[:2000]})
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_dir = Path((argv or sys.argv[1:])[0])
+    cfg = load_config(run_dir)
+    try:
+        run(cfg, run_dir)
+    except torch.OutOfMemoryError as error:
+        write_error(run_dir, "oom", error)
+        traceback.print_exc()
+        sys.exit(OOM_EXIT_CODE)
+    except Exception as error:
+        write_error(run_dir, "error", error)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Every config group option and experiment composes; presets have the parameter counts of their models."""
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from harness import arms
+from harness.errors import ConfigError
+from harness.models import count_parameters, flops_per_token
+from harness.validate import check_group_choices, validate
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF = REPO_ROOT / "conf"
+
+
+def options(group_dir: Path) -> list[str]:
+    return sorted(p.stem for p in group_dir.glob("*.yaml"))
+
+
+def compose_config(overrides: list[str], hydra: bool = False):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra)
+
+
+@pytest.mark.parametrize("arm", options(CONF / "arm"))
+def test_every_arm_composes_and_is_known(arm):
+    cfg = compose_config([f"arm={arm}"])
+    assert cfg.arm.name == arm
+    assert arms.arm_spec(arm).name == arm
+
+
+@pytest.mark.parametrize("model", options(CONF / "model"))
+def test_every_model_composes_and_builds_a_config(model):
+    cfg = OmegaConf.to_container(compose_config([f"model={model}"]), resolve=True)
+    assert cfg["model"]["name"] == model
+    validate(cfg, gpu_count=0)
+
+
+@pytest.mark.parametrize("experiment", options(REPO_ROOT / "experiments"))
+def test_every_experiment_composes_with_its_sweep(experiment):
+    cfg = compose_config([f"experiments={experiment}"], hydra=True)
+    assert cfg.sweep.name == experiment
+    for key, values in (cfg.hydra.sweeper.params or {}).items():
+        for value in str(values).split(","):
+            compose_config([f"experiments={experiment}", f"{key}={value}"])
+
+
+@pytest.mark.parametrize("row", options(REPO_ROOT / "experiments" / "pr8186_rows"))
+def test_pr8186_rows_select_their_arm(row):
+    cfg = compose_config(["experiments=pr8186_table", f"+experiments/pr8186_rows={row}"])
+    raw = yaml.safe_load((REPO_ROOT / "experiments" / "pr8186_rows" / f"{row}.yaml").read_text())
+    wanted_arm = raw["defaults"][0]["override /arm"]
+    assert cfg.arm.name == wanted_arm
+    for key, value in (raw.get("arm") or {}).items():
+        assert cfg.arm[key] == value
+    assert cfg.model.name == "qwen3_14b" and cfg.train.micro_batch == 4
+
+
+# Published parameter counts of the shapes (Qwen3 model cards, Llama 3 paper).
+@pytest.mark.parametrize("model,expected", [
+    ("qwen3_14b", 14.77e9), ("qwen3_8b", 8.19e9), ("qwen3_4b", 4.02e9), ("qwen3_1.7b", 1.72e9),
+    ("qwen3_0.6b", 0.596e9), ("llama3_8b", 8.03e9), ("llama3_70b", 70.55e9), ("probe_534m", 533.8e6),
+])
+def test_preset_parameter_counts(model, expected):
+    preset = yaml.safe_load((CONF / "model" / f"{model}.yaml").read_text())
+    assert count_parameters(preset) == pytest.approx(expected, rel=0.005)
+
+
+def test_tiny_is_a_tiny_qwen3():
+    preset = yaml.safe_load((CONF / "model" / "tiny.yaml").read_text())
+    assert preset["family"] == "qwen3"
+    assert count_parameters(preset) < 1e6
+
+
+def test_flops_per_token_counts_matmuls_and_attention():
+    preset = yaml.safe_load((CONF / "model" / "probe_534m.yaml").read_text())
+    n = count_parameters(preset)
+    cfg = preset["config"]
+    untied_embedding = cfg["vocab_size"] * cfg["hidden_size"]
+    attention = 12 * cfg["num_hidden_layers"] * 1024 * cfg["num_attention_heads"] * cfg["head_dim"]
+    assert flops_per_token(preset, n, 1024) == 6 * (n - untied_embedding) + attention
+
+
+def test_unknown_group_option_is_one_line_naming_the_group():
+    with pytest.raises(ConfigError) as err:
+        check_group_choices(["arm=zero3,nonsense"], REPO_ROOT)
+    assert err.value.key == "arm" and "nonsense" in str(err.value)
+    check_group_choices(["model=qwen3_14b", "experiments=probe", "train.steps=3"], REPO_ROOT)
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["train.steps=0"], "train.steps"),
+    (["train.micro_batch=-1"], "train.micro_batch"),
+    (["offload.budget_gb=-1"], "offload.budget_gb"),
+    (["offload.budget_gb=4", "offload.budget_fraction=0.5"], "offload.budget_gb"),
+    (["arm=ds_offload", "arm.offload_optimizer=cpu"], "arm.offload_optimizer"),
+    (["arm=ds_offload", "arm.variant=fast"], "arm.variant"),
+    (["train.seq_len=4096"], "train.seq_len"),
+    (["debug.fault=segfault"], "debug.fault"),
+])
+def test_bad_values_name_their_key(overrides, key):
+    cfg = OmegaConf.to_container(compose_config(overrides), resolve=True)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, gpu_count=0)
+    assert err.value.key == key
+
+
+def test_more_ranks_than_gpus_is_refused():
+    cfg = OmegaConf.to_container(compose_config(["launcher.nproc_per_node=4"]), resolve=True)
+    validate(cfg, gpu_count=0)  # CPU ranks are processes, not devices
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, gpu_count=2)
+    assert err.value.key == "launcher.nproc_per_node"

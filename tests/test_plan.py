@@ -1,0 +1,357 @@
+"""The offload planner: exact plans for hand-made profiles, properties over random ones, validation, the CLI."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.errors import ConfigError
+from harness.offload.plan import load_profile, make_plan, plan_to_json
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SMALL_PROFILE_PATH = REPO_ROOT / "tests" / "data" / "profile_small.json"
+
+# profile_small.json, in execution order (graph 1 is the second forward graph, so its backward runs first):
+#   fwd 0: embed 10, mm0 30 | fwd 1: mm1 40, loss 45 | bwd 1: loss_bwd 60, mm1_bwd 50 | bwd 0: mm0_bwd 35, embed_bwd 20
+#   floor = 60, last backward peak = 20
+#   tasks: 0:exp_avg 8, 0:exp_avg_sq 8, 0:hp_param 8, 1:exp_avg 4, 1:exp_avg_sq 4, 1:hp_param 4 -> total 36
+TASK_IDS = ["0:exp_avg", "0:exp_avg_sq", "0:hp_param", "1:exp_avg", "1:exp_avg_sq", "1:hp_param"]
+
+
+@pytest.fixture
+def small_profile() -> dict:
+    return json.loads(SMALL_PROFILE_PATH.read_text())
+
+
+def reload_points(plan: dict) -> list[tuple[str, int, str]]:
+    return [(reload["task"], reload["graph_id"], reload["after_node"]) for reload in plan["reloads"]]
+
+
+# ---------------------------------------------------------------- exact plans
+
+
+def test_budget_above_floor_plus_states_offloads_nothing(small_profile):
+    plan = make_plan(small_profile, 100)
+    # 60 + 36 = 96 <= 100: everything stays; the peak is the floor node with all states on top.
+    assert plan["offloaded"] == [] and plan["reloads"] == []
+    assert (plan["resident_bytes"], plan["offloaded_bytes"], plan["total_state_bytes"]) == (36, 0, 36)
+    assert (plan["floor_bytes"], plan["predicted_peak_bytes"], plan["feasible"]) == (60, 96, True)
+
+
+def test_partial_budget_keeps_a_prefix_and_reloads_as_early_as_fits(small_profile):
+    plan = make_plan(small_profile, 80, "asap")
+    # Headroom 80 - 60 = 20 keeps 8 + 8; the next 8 does not fit in the 4 left, and the planner stops there
+    # even though 1:exp_avg (4) would fit after it.
+    assert plan["offloaded"] == TASK_IDS[2:]
+    assert (plan["resident_bytes"], plan["offloaded_bytes"]) == (16, 20)
+    # After loss_bwd the later peak is 50: 50+16+8 = 74 <= 80 and 50+16+12 = 78 <= 80 fit, 50+16+16 = 82 does not.
+    # After mm1_bwd the later peak is 35: 35+16+16 = 67 and 35+16+20 = 71 fit.
+    assert reload_points(plan) == [("0:hp_param", 1, "loss_bwd"), ("1:exp_avg", 1, "loss_bwd"),
+                                   ("1:exp_avg_sq", 1, "mm1_bwd"), ("1:hp_param", 1, "mm1_bwd")]
+    assert all(reload["bwd"] is True for reload in plan["reloads"])
+    # Node costs: forward up to 45+16 = 61, loss_bwd 60+16 = 76, mm1_bwd 50+16+12 = 78, mm0_bwd 35+36 = 71,
+    # embed_bwd 20+36 = 56, end 20+36 = 56.
+    assert (plan["predicted_peak_bytes"], plan["feasible"], plan["reload_policy"]) == (78, True, "asap")
+
+
+def test_at_end_reloads_everything_after_the_last_backward_node(small_profile):
+    plan = make_plan(small_profile, 80, "at_end")
+    assert plan["offloaded"] == TASK_IDS[2:]
+    assert reload_points(plan) == [(task, 0, "embed_bwd") for task in TASK_IDS[2:]]
+    # max(floor + resident, last peak + total) = max(60+16, 20+36)
+    assert (plan["predicted_peak_bytes"], plan["feasible"], plan["reload_policy"]) == (76, True, "at_end")
+
+
+def test_budget_equal_to_floor_offloads_all_and_fits_exactly(small_profile):
+    plan = make_plan(small_profile, 60)
+    assert plan["offloaded"] == TASK_IDS and plan["resident_bytes"] == 0
+    # loss_bwd (later 50): 50+8 = 58 fits, 50+16 does not. mm1_bwd (later 35): 35+16 = 51, 35+24 = 59 fit, 63 not.
+    # mm0_bwd (later 20): 20+28, 20+32, 20+36 fit.
+    assert reload_points(plan) == [("0:exp_avg", 1, "loss_bwd"), ("0:exp_avg_sq", 1, "mm1_bwd"),
+                                   ("0:hp_param", 1, "mm1_bwd"), ("1:exp_avg", 0, "mm0_bwd"),
+                                   ("1:exp_avg_sq", 0, "mm0_bwd"), ("1:hp_param", 0, "mm0_bwd")]
+    # loss_bwd 60, mm1_bwd 50+8, mm0_bwd 35+24, embed_bwd 20+36, end 20+36
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (60, True)
+
+
+def test_budget_below_floor_is_infeasible_and_still_offloads_all(small_profile):
+    plan = make_plan(small_profile, 50)
+    assert plan["offloaded"] == TASK_IDS
+    # mm1_bwd (later 35): 35+8 = 43 fits, 51 not. mm0_bwd (later 20): 36, 44, 48 fit, 52 not. The rest go last.
+    assert reload_points(plan) == [("0:exp_avg", 1, "mm1_bwd"), ("0:exp_avg_sq", 0, "mm0_bwd"),
+                                   ("0:hp_param", 0, "mm0_bwd"), ("1:exp_avg", 0, "mm0_bwd"),
+                                   ("1:exp_avg_sq", 0, "embed_bwd"), ("1:hp_param", 0, "embed_bwd")]
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (60, False)  # loss_bwd alone is 60
+
+
+def test_states_that_cannot_all_return_make_the_plan_infeasible():
+    profile = {"graph_order": [[0, False], [0, True]],
+               "graphs": [{"graph_id": 0, "bwd": False, "nodes": [{"name": "f", "peak_bytes": 5}]},
+                          {"graph_id": 0, "bwd": True, "nodes": [{"name": "b0", "peak_bytes": 10},
+                                                                  {"name": "b1", "peak_bytes": 8}]}],
+               "tasks": [{"id": "a", "bytes": 6}, {"id": "b", "bytes": 6}]}
+    plan = make_plan(profile, 14)
+    # Headroom 14 - 10 = 4 keeps nothing. After b0 (later 8): 8+6 = 14 fits exactly, 8+12 = 20 does not; b goes last.
+    assert plan["offloaded"] == ["a", "b"]
+    assert reload_points(plan) == [("a", 0, "b0"), ("b", 0, "b1")]
+    # Every node fits (b1: 8+6 = 14), but the step's end needs 8 + 12 = 20 > 14.
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (20, False)
+
+
+def test_make_plan_leaves_its_input_alone(small_profile):
+    before = copy.deepcopy(small_profile)
+    make_plan(small_profile, 60)
+    assert small_profile == before
+
+
+def test_plan_json_is_stable(small_profile):
+    text = plan_to_json(make_plan(small_profile, 80))
+    assert text == plan_to_json(json.loads(text))
+    assert list(json.loads(text)) == sorted(json.loads(text))
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _set(path: list, value):
+    def mutate(profile: dict) -> None:
+        target = profile
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = value
+    return mutate
+
+
+def _empty_backward_graphs(profile: dict) -> None:
+    for graph in profile["graphs"]:
+        if graph["bwd"]:
+            graph["nodes"] = []
+
+
+BAD_PROFILES = [
+    (_set(["tasks", 3, "bytes"], -1), "profile.tasks[3].bytes"),
+    (_set(["tasks", 0, "bytes"], 1.5), "profile.tasks[0].bytes"),
+    (_set(["tasks", 0, "bytes"], True), "profile.tasks[0].bytes"),
+    (_set(["tasks", 4, "id"], "0:exp_avg"), "profile.tasks[4].id"),
+    (_set(["tasks", 1], "0:exp_avg_sq"), "profile.tasks[1]"),
+    (_set(["graphs", 2, "nodes", 1, "peak_bytes"], -5), "profile.graphs[2].nodes[1].peak_bytes"),
+    (_set(["graphs", 2, "nodes", 1, "name"], "loss_bwd"), "profile.graphs[2].nodes[1].name"),
+    (_set(["graphs", 0, "bwd"], "no"), "profile.graphs[0].bwd"),
+    (_set(["graphs", 3, "graph_id"], 1), "profile.graphs[3]"),
+    (_set(["graph_order", 0], [7, False]), "profile.graph_order[0]"),
+    (_set(["graph_order", 1], [0, False]), "profile.graph_order[1]"),
+    (_set(["graph_order"], [[0, False], [1, True], [1, False], [0, True]]), "profile.graph_order[2]"),
+    (_set(["graph_order"], [[0, False], [1, False], [1, True]]), "profile.graphs[3]"),
+    (_set(["graph_order", 0], 0), "profile.graph_order[0]"),
+    (_empty_backward_graphs, "profile.graphs"),  # nowhere to reload
+    (_set(["device_total_bytes"], -1), "profile.device_total_bytes"),
+    (_set(["tasks"], None), "profile.tasks"),
+]
+
+
+@pytest.mark.parametrize("mutate, key", BAD_PROFILES)
+def test_bad_profiles_name_the_key(small_profile, mutate, key):
+    mutate(small_profile)
+    with pytest.raises(ConfigError) as error:
+        make_plan(small_profile, 80)
+    assert error.value.key == key
+
+
+@pytest.mark.parametrize("budget, reload, key", [
+    (-1, "asap", "offload.budget_bytes"),
+    (80.0, "asap", "offload.budget_bytes"),
+    (80, "eager", "offload.reload"),
+])
+def test_bad_arguments_name_the_key(small_profile, budget, reload, key):
+    with pytest.raises(ConfigError) as error:
+        make_plan(small_profile, budget, reload)
+    assert error.value.key == key
+
+
+def test_load_profile_reads_a_valid_file(small_profile):
+    assert load_profile(SMALL_PROFILE_PATH) == small_profile
+
+
+@pytest.mark.parametrize("content", [None, "{not json", "[1, 2]", '{"graphs": [], "graph_order": [], "tasks": []}'])
+def test_load_profile_refuses_missing_or_malformed_files(tmp_path, content):
+    path = tmp_path / "profile.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError) as error:
+        load_profile(path)
+    assert error.value.key.startswith("profile")
+    assert "\n" not in str(error.value)
+
+
+# ---------------------------------------------------------------- properties
+
+
+@st.composite
+def profiles(draw) -> dict:
+    """1-3 forward graphs, backward graphs for the last 1..all of them in reverse order, 0-7 tasks."""
+    n_fwd = draw(st.integers(1, 3))
+    n_bwd = draw(st.integers(1, n_fwd))
+    peaks = st.integers(0, 40)  # small ranges make exact fits (budget == cost) common
+
+    def graph(graph_id: int, bwd: bool, min_nodes: int) -> dict:
+        node_peaks = draw(st.lists(peaks, min_size=min_nodes, max_size=4))
+        return {"graph_id": graph_id, "bwd": bwd,
+                "nodes": [{"name": f"n{index}", "peak_bytes": peak} for index, peak in enumerate(node_peaks)]}
+
+    order = [[graph_id, False] for graph_id in range(n_fwd)]
+    order += [[graph_id, True] for graph_id in reversed(range(n_fwd - n_bwd, n_fwd))]
+    task_bytes = draw(st.lists(st.integers(1, 15), max_size=7))
+    return {"graph_order": order,
+            "graphs": [graph(graph_id, bwd, 1 if bwd else 0) for graph_id, bwd in order],
+            "tasks": [{"id": f"{index}:state", "bytes": size} for index, size in enumerate(task_bytes)]}
+
+
+budgets = st.integers(0, 150)
+PROPERTY_SETTINGS = settings(max_examples=150, deadline=None)
+
+
+def execution_order(profile: dict) -> list[tuple[int, bool, dict]]:
+    graphs = {(graph["graph_id"], graph["bwd"]): graph for graph in profile["graphs"]}
+    return [(graph_id, bwd, node) for graph_id, bwd in profile["graph_order"]
+            for node in graphs[(graph_id, bwd)]["nodes"]]
+
+
+def simulate(profile: dict, plan: dict) -> tuple[int, list[int]]:
+    """Replay the plan node by node: (peak incl. the step's end, per-node bytes in use incl. the node's peak)."""
+    offloaded = set(plan["offloaded"])
+    task_bytes = {task["id"]: task["bytes"] for task in profile["tasks"]}
+    in_use = sum(size for task_id, size in task_bytes.items() if task_id not in offloaded)
+    per_node = []
+    for graph_id, bwd, node in execution_order(profile):
+        per_node.append(node["peak_bytes"] + in_use)
+        in_use += sum(task_bytes[reload["task"]] for reload in plan["reloads"]
+                      if bwd and (reload["graph_id"], reload["after_node"]) == (graph_id, node["name"]))
+    assert in_use == sum(task_bytes.values())  # every state is back for the optimizer step
+    last_bwd_peak = [node for _, bwd, node in execution_order(profile) if bwd][-1]["peak_bytes"]
+    return max(per_node + [last_bwd_peak + in_use]), per_node
+
+
+@PROPERTY_SETTINGS
+@given(profiles(), budgets, st.sampled_from(["asap", "at_end"]))
+def test_plan_is_consistent_with_a_replay(profile, budget, reload):
+    plan = make_plan(profile, budget, reload)
+    task_ids = [task["id"] for task in profile["tasks"]]
+    assert plan["resident_bytes"] + plan["offloaded_bytes"] == plan["total_state_bytes"]
+    assert plan["total_state_bytes"] == sum(task["bytes"] for task in profile["tasks"])
+    assert plan["offloaded"] == task_ids[len(task_ids) - len(plan["offloaded"]):]  # a suffix, in task order
+    # Every offloaded task comes back exactly once, in task order, after a node of a backward graph.
+    assert [reload["task"] for reload in plan["reloads"]] == plan["offloaded"]
+    bwd_nodes = {(graph_id, node["name"]) for graph_id, bwd, node in execution_order(profile) if bwd}
+    assert all((reload["graph_id"], reload["after_node"]) in bwd_nodes for reload in plan["reloads"])
+    peak, _ = simulate(profile, plan)
+    assert plan["predicted_peak_bytes"] == peak
+    assert plan["feasible"] == (peak <= budget)
+    assert plan["floor_bytes"] == max(node["peak_bytes"] for _, _, node in execution_order(profile))
+
+
+@PROPERTY_SETTINGS
+@given(profiles(), st.sampled_from(["asap", "at_end"]))
+def test_ample_budget_offloads_nothing_and_zero_budget_offloads_everything(profile, reload):
+    floor = max(node["peak_bytes"] for _, _, node in execution_order(profile))
+    total = sum(task["bytes"] for task in profile["tasks"])
+    ample = make_plan(profile, floor + total, reload)
+    assert ample["offloaded"] == [] and ample["feasible"]
+    nothing = make_plan(profile, 0, reload)
+    assert nothing["offloaded"] == [task["id"] for task in profile["tasks"]] and nothing["resident_bytes"] == 0
+
+
+@PROPERTY_SETTINGS
+@given(profiles(), budgets, budgets, st.sampled_from(["asap", "at_end"]))
+def test_more_budget_never_offloads_more_or_loses_feasibility(profile, budget_a, budget_b, reload):
+    small, large = sorted([budget_a, budget_b])
+    plan_small, plan_large = make_plan(profile, small, reload), make_plan(profile, large, reload)
+    assert set(plan_large["offloaded"]) <= set(plan_small["offloaded"])
+    assert plan_large["feasible"] or not plan_small["feasible"]
+
+
+@PROPERTY_SETTINGS
+@given(profiles(), budgets)
+def test_reload_policies_trade_peak_for_earliness_not_feasibility(profile, budget):
+    asap, at_end = make_plan(profile, budget, "asap"), make_plan(profile, budget, "at_end")
+    assert asap["offloaded"] == at_end["offloaded"]
+    assert asap["feasible"] == at_end["feasible"]
+    assert at_end["predicted_peak_bytes"] <= asap["predicted_peak_bytes"]
+    assert asap["predicted_peak_bytes"] <= max(at_end["predicted_peak_bytes"], budget)
+    last_bwd_peak = [node for _, bwd, node in execution_order(profile) if bwd][-1]["peak_bytes"]
+    assert at_end["feasible"] == (budget >= max(at_end["floor_bytes"] + at_end["resident_bytes"],
+                                                last_bwd_peak + at_end["total_state_bytes"]))
+
+
+@PROPERTY_SETTINGS
+@given(profiles(), budgets)
+def test_asap_reloads_fit_and_none_could_come_one_node_earlier(profile, budget):
+    plan = make_plan(profile, budget, "asap")
+    _, per_node = simulate(profile, plan)
+    positions = {(graph_id, node["name"]): index
+                 for index, (graph_id, bwd, node) in enumerate(execution_order(profile)) if bwd}
+    bwd_order = sorted(positions.values())
+    reload_positions = [positions[(reload["graph_id"], reload["after_node"])] for reload in plan["reloads"]]
+    # Nodes that run with reloaded states on the device stay within budget.
+    if reload_positions:
+        assert all(cost <= budget for cost in per_node[reload_positions[0] + 1:])
+    # The first task reloaded after each backward node (but the first) would overflow that node if it came
+    # back one backward node earlier.
+    nodes = execution_order(profile)
+    for index, position in enumerate(reload_positions):
+        if position == bwd_order[0] or (index and reload_positions[index - 1] == position):
+            continue
+        earlier = bwd_order[bwd_order.index(position) - 1]
+        moved = copy.deepcopy(plan)
+        moved["reloads"][index].update(graph_id=nodes[earlier][0], after_node=nodes[earlier][2]["name"])
+        assert simulate(profile, moved)[0] > budget
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.offload.plan", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_prints_the_plan(small_profile):
+    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80", "--reload", "at_end")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == make_plan(small_profile, 80, "at_end")
+
+
+def test_cli_budget_gb_is_decimal(small_profile):
+    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "8e-8")  # 80 bytes
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == make_plan(small_profile, 80)
+
+
+@pytest.mark.parametrize("args, key", [
+    (["--profile", "missing.json", "--budget-gb", "1"], "profile"),
+    (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "-1"], "offload.budget_gb"),
+    (["--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "-1"], "offload.budget_bytes"),
+    (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "1", "--reload", "sometimes"], "offload.reload"),
+    (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "1", "--budget-bytes", "5"], "--budget-bytes"),
+    (["--profile", str(SMALL_PROFILE_PATH)], "--budget-gb"),
+])
+def test_cli_bad_input_is_one_line_naming_the_key(args, key):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and key in lines[0]
+
+
+def test_cli_names_the_bad_key_inside_the_profile(tmp_path, small_profile):
+    small_profile["tasks"][2]["bytes"] = -8
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(small_profile))
+    result = run_cli("--profile", str(path), "--budget-gb", "1")
+    assert result.returncode == 2
+    assert result.stderr.startswith("profile.tasks[2].bytes: ")

@@ -1,0 +1,115 @@
+"""End-to-end CPU runs through the real driver -> torchrun -> worker path (tiny model, ZeRO-3, gloo)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.metrics import quartiles
+from harness.sinks import flat_summary, mirror_to_wandb, read_jsonl
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FAST = ["model=tiny", "train.steps=4", "train.seq_len=32"]
+
+
+def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, timeout: int = 600):
+    """Run the driver as a user would; run/sweep dirs go under tmp_path."""
+    dirs = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
+    cmd = [sys.executable, "-m", "harness.run", *(["-m"] if multirun else []), *FAST, *dirs, *overrides]
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def load(run_dir: Path):
+    return read_jsonl(run_dir / "steps.jsonl"), json.loads((run_dir / "summary.json").read_text())
+
+
+def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path):
+    proc = harness_run(tmp_path, "logger=wandb", "arm.phase_starts=[0,2]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    rows, summary = load(run_dir)
+    assert summary["status"] == "ok" and len(rows) == 4
+    assert [r["phase"] for r in rows] == [0, 0, 1, 1] and [r["phase_step"] for r in rows] == [0, 1, 0, 1]
+    for phase in summary["phases"]:
+        measured = [r for r in rows if r["phase"] == phase["phase"] and r["phase_step"] > 0]
+        assert phase["n"] == len(measured) == 1
+        assert phase["step_time_s"] == quartiles([r["step_time_s"] for r in measured])
+        first = next(r for r in rows if r["phase"] == phase["phase"] and r["phase_step"] == 0)
+        assert phase["compile_time_s"] == first["step_time_s"]
+    assert summary["final"] == summary["phases"][-1]
+    for row in rows:
+        assert row["tokens"] == 2 * 32 and row["tokens_per_s"] == pytest.approx(64 / row["step_time_s"])
+        assert row["peak_reserved_bytes"] is None  # no device memory on CPU
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["world_size"] == 1 and env["pytorch_cuda_alloc_conf"] == "expandable_segments:True"
+    assert "git_sha" in env and env["torch"]
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb")), "the driver's offline W&B run file"
+    # The W&B mirror, re-run in-process on the same files, is given the same final medians.
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    (tmp_path / "again").mkdir()
+    logged = mirror_to_wandb(tmp_path / "again", {"mode": "offline", "project": "t"}, config, rows, summary,
+                             env, group="test")
+    assert logged["final/step_time_s/median"] == quartiles([rows[3]["step_time_s"]])["median"]
+    assert logged["final/n"] == 1 and logged["status"] == "ok"
+    assert flat_summary(summary)["phase0/step_time_s/median"] == rows[1]["step_time_s"]
+
+
+def test_multirun_records_a_killed_point_and_goes_on(tmp_path):
+    proc = harness_run(tmp_path, "logger=none", "debug.fault=null,kill", "debug.fault_step=1", multirun=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    index = read_jsonl(tmp_path / "sweep" / "index.jsonl")
+    assert [line["status"] for line in index] == ["ok", "died"]
+    assert "debug.fault=null" in index[0]["overrides"] and "debug.fault=kill" in index[1]["overrides"]
+    died_rows, died = load(tmp_path / "sweep" / index[1]["run_dir"])
+    assert died["status"] == "died" and died["steps_completed"] == 1 == len(died_rows)
+    assert "SIGKILL" in died["reason"] or "-9" in died["reason"]
+
+
+def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
+    proc = harness_run(tmp_path, "logger=none", "debug.fault=oom,hang", "debug.fault_step=2",
+                       "launcher.timeout_s=45", multirun=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    index = read_jsonl(tmp_path / "sweep" / "index.jsonl")
+    assert [line["status"] for line in index] == ["oom", "timeout"]
+    for line in index:
+        rows, summary = load(tmp_path / "sweep" / line["run_dir"])
+        assert summary["steps_completed"] == 2 == len(rows)  # the steps before the failure are kept
+
+
+def test_two_rank_gloo_run(tmp_path):
+    proc = harness_run(tmp_path, "logger=none", "launcher.nproc_per_node=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows, summary = load(tmp_path / "run")
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert summary["status"] == "ok" and summary["world_size"] == 2 and env["world_size"] == 2
+    assert all(r["tokens"] == 2 * 2 * 32 for r in rows)
+
+
+def test_cuda_arm_on_cpu_is_skipped_not_crashed(tmp_path):
+    proc = harness_run(tmp_path, "logger=none", "arm=deepcompile")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, summary = load(tmp_path / "run")
+    assert summary["status"] == "skipped" and "CUDA" in summary["reason"]
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["arm=nonexistent"], "arm"),
+    (["model=nonexistent"], "model"),
+    (["train.steps=0"], "train.steps"),
+    (["train.micro_batch=0"], "train.micro_batch"),
+    (["offload.budget_gb=-2"], "offload.budget_gb"),
+    (["arm=ds_offload", "arm.offload_optimizer=cpu"], "arm.offload_optimizer"),
+])
+def test_bad_input_exits_nonzero_with_one_line_and_records_nothing_ok(tmp_path, overrides, key):
+    proc = harness_run(tmp_path, "logger=none", *overrides)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and key in lines[0], proc.stderr
+    summary_path = tmp_path / "run" / "summary.json"
+    if summary_path.exists():
+        assert json.loads(summary_path.read_text())["status"] == "config_error"
+    assert not (tmp_path / "run" / "steps.jsonl").exists()
