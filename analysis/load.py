@@ -1,0 +1,398 @@
+"""Load sweep dirs (index + run dirs) or a W&B export into tidy DataFrames: one row per point, one per step.
+
+A point whose config.yaml or summary.json is missing or malformed is left out; a missing env.json or bad
+steps.jsonl lines only cost those columns or rows. Each problem becomes one `Problem` naming the file, so
+callers can print one warning line per file and list the points left out.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+STATUSES = ("ok", "oom", "died", "timeout", "preempted", "skipped", "config_error")
+OK = "ok"
+
+# Config keys the analysis names by a short column; other top-level arm knobs become arm_<knob>, and any
+# other overridden key keeps its dotted name.
+CONFIG_COLUMNS = {
+    "model.name": "model",
+    "arm.name": "arm",
+    "train.micro_batch": "micro_batch",
+    "train.seq_len": "seq_len",
+    "train.steps": "steps",
+    "train.grad_accum": "grad_accum",
+    "train.dtype": "dtype",
+    "train.seed": "seed",
+    "train.repeat": "repeat",
+    "offload.budget_gb": "budget_gb",
+    "offload.budget_fraction": "budget_fraction",
+    "offload.margin": "margin",
+    "offload.mode": "offload_mode",
+    "offload.empty_cache": "empty_cache",
+    "offload.streams": "streams",
+    "offload.reload": "reload",
+    "launcher.nproc_per_node": "nproc_per_node",
+    "launcher.nnodes": "nnodes",
+    "sweep.name": "sweep_name",
+}
+SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
+                   "planned_offload_bytes")
+# Columns saying where a point came from or what it measured, never how it was configured.
+RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS))
+STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
+# Config that runs a point but does not define it (fault injection, logging, the driver's timeout): a
+# point with an injected fault stands where a real failure of the same design point would.
+OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.timeout_s$")
+STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
+GB = 1e9  # budgets are decimal gigabytes throughout the harness
+MISSING = object()  # a config key that is not there, as opposed to one set to null
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One unreadable run file; `point` is the run dir left out of the tables, or None if the point stays."""
+
+    file: str
+    message: str
+    point: str | None = None
+
+    def line(self) -> str:
+        left_out = "; point left out" if self.point is not None else ""
+        return f"warning: {self.file}: {self.message}{left_out}"
+
+
+@dataclass
+class Sweep:
+    points: pd.DataFrame  # one row per point
+    steps: pd.DataFrame  # one row per step of every point, keyed by (sweep, run_dir)
+    problems: list[Problem]
+
+    @property
+    def left_out(self) -> list[str]:
+        return [problem.point for problem in self.problems if problem.point is not None]
+
+    def problem_report(self) -> str:
+        """One warning line per unreadable file, then the points left out (empty when all files read)."""
+        lines = [problem.line() for problem in self.problems]
+        if self.left_out:
+            lines.append(f"left out {len(self.left_out)} point(s): {', '.join(self.left_out)}")
+        return "\n".join(lines)
+
+
+class MalformedFile(ValueError):
+    """A run file that exists but does not follow the run-file contract."""
+
+
+def is_config_column(column: str) -> bool:
+    return column not in RESULT_COLUMNS and not column.startswith("env_") and not STAT_PREFIX.match(column)
+
+
+def is_design_column(column: str) -> bool:
+    return is_config_column(column) and not OPERATIONAL.match(column)
+
+
+def load_sweeps(sweep_dirs: Iterable[str | Path]) -> Sweep:
+    """Several sweeps as one: rows keep their `sweep` column."""
+    sweeps = [load_sweep(sweep_dir) for sweep_dir in sweep_dirs]
+    return Sweep(
+        points=_concat([sweep.points for sweep in sweeps]),
+        steps=_concat([sweep.steps for sweep in sweeps]),
+        problems=[problem for sweep in sweeps for problem in sweep.problems],
+    )
+
+
+def load_sweep(sweep_dir: str | Path) -> Sweep:
+    """All points of one Hydra multirun dir (or of a single run dir)."""
+    sweep_dir = Path(sweep_dir)
+    problems: list[Problem] = []
+    listed = _read_index(sweep_dir, problems)
+    overrides = {run_dir: listed[run_dir] if run_dir in listed else _hydra_overrides(sweep_dir / run_dir)
+                 for run_dir in _run_dirs(sweep_dir, listed)}
+    # Every point gets a column for any key overridden anywhere in the sweep, so the column can vary.
+    override_keys = list(dict.fromkeys(key for point in overrides.values() for key in _override_values(point)))
+    rows, step_frames = [], []
+    for run_dir, point_overrides in overrides.items():
+        point = _load_point(sweep_dir, run_dir, point_overrides, override_keys, problems)
+        if point is None:
+            continue
+        row, steps = point
+        rows.append(row)
+        step_frames.append(steps)
+    points = pd.DataFrame(rows)
+    if not points.empty:
+        points = points.sort_values("run_dir", key=lambda dirs: dirs.map(_job_order), kind="stable")
+    return Sweep(points=points.reset_index(drop=True), steps=_concat(step_frames), problems=problems)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [frame for frame in frames if not frame.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _job_order(run_dir: str) -> tuple[int, str]:
+    """Hydra names run dirs '<job num>_<overrides>': order by job number, not by text."""
+    match = re.match(r"(\d+)", Path(run_dir).name)
+    return (int(match.group(1)) if match else -1, run_dir)
+
+
+def _read_index(sweep_dir: Path, problems: list[Problem]) -> dict[str, list[str]]:
+    """run_dir -> overrides; the index may repeat a point (driver append + end-of-sweep callback)."""
+    index_file = sweep_dir / "index.jsonl"
+    if not index_file.is_file():
+        return {}
+    listed: dict[str, list[str]] = {}
+    bad_lines = []
+    for number, line in enumerate(index_file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            run_dir = entry["run_dir"]
+            overrides = list(entry.get("overrides") or [])
+        except (ValueError, KeyError, TypeError):
+            bad_lines.append(number)
+            continue
+        listed[str(run_dir)] = overrides
+    if bad_lines:
+        problems.append(Problem(str(index_file), f"unreadable line(s) {_numbers(bad_lines)}"))
+    return listed
+
+
+def _numbers(numbers: list[int]) -> str:
+    return ", ".join(str(number) for number in numbers)
+
+
+def _run_dirs(sweep_dir: Path, listed: Mapping[str, list[str]]) -> list[str]:
+    """Run dirs named in the index plus those on disk (a point whose driver died never reached the index)."""
+    if (sweep_dir / "config.yaml").is_file() or (sweep_dir / "summary.json").is_file():
+        return ["."]
+    on_disk = [
+        child.name for child in sorted(sweep_dir.iterdir())
+        if child.is_dir() and ((child / "config.yaml").exists() or (child / "summary.json").exists())
+    ] if sweep_dir.is_dir() else []
+    return list(dict.fromkeys([*listed, *on_disk]))
+
+
+def _load_point(sweep_dir: Path, run_dir: str, overrides: list[str], override_keys: list[str],
+                problems: list[Problem]) -> tuple[dict[str, Any], pd.DataFrame] | None:
+    path = sweep_dir / run_dir
+    try:
+        config = _read_config(path / "config.yaml")
+        summary = _read_summary(path / "summary.json")
+    except (OSError, MalformedFile) as error:
+        problems.append(Problem(_problem_file(error), _describe(error), point=str(path)))
+        return None
+    row = {"sweep": str(sweep_dir), "run_dir": run_dir, "overrides": " ".join(overrides)}
+    row.update(config_row(config, override_keys, _override_values(overrides)))
+    row.update(summary_row(summary))
+    row.update(_env_row(path / "env.json", problems))
+    row["budget_resolved_gb"] = resolved_budget_gb(row)
+    steps = _read_steps(path / "steps.jsonl", row, problems)
+    return row, steps
+
+
+def _problem_file(error: Exception) -> str:
+    return str(error.filename) if isinstance(error, OSError) else str(error.args[0])
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, FileNotFoundError):
+        return "missing"
+    if isinstance(error, OSError):
+        return f"unreadable ({error.strerror})"
+    return str(error.args[1])
+
+
+def _read_config(config_file: Path) -> Mapping[str, Any]:
+    try:
+        config = yaml.safe_load(config_file.read_text())
+    except yaml.YAMLError as error:
+        raise MalformedFile(str(config_file), f"not valid YAML ({type(error).__name__})") from error
+    if not isinstance(config, Mapping) or not _lookup(config, "arm.name") or not _lookup(config, "model.name"):
+        raise MalformedFile(str(config_file), "not a resolved config (needs arm.name and model.name)")
+    return config
+
+
+def _read_summary(summary_file: Path) -> Mapping[str, Any]:
+    try:
+        summary = json.loads(summary_file.read_text())
+    except ValueError as error:
+        raise MalformedFile(str(summary_file), "not valid JSON") from error
+    if not isinstance(summary, Mapping) or summary.get("status") not in STATUSES:
+        raise MalformedFile(str(summary_file), f"needs a status, one of {', '.join(STATUSES)}")
+    phases = summary.get("phases") or []
+    final = summary.get("final")
+    if not isinstance(phases, list) or not all(isinstance(phase, Mapping) for phase in phases) \
+            or not (final is None or isinstance(final, Mapping)):
+        raise MalformedFile(str(summary_file), "phases must be a list of objects and final an object or null")
+    return summary
+
+
+def _hydra_overrides(path: Path) -> list[str]:
+    """Overrides of a point missing from the index, from Hydra's own record when it is there."""
+    try:
+        overrides = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    return [str(override) for override in overrides] if isinstance(overrides, list) else []
+
+
+def _override_values(overrides: Iterable[str]) -> dict[str, str]:
+    """key -> value as written ('+experiments/rows=zero3' -> {'experiments/rows': 'zero3'})."""
+    pairs = (override.lstrip("+~").split("=", 1) for override in overrides if "=" in override)
+    return {key: value for key, value in pairs if not key.startswith("hydra.")}
+
+
+def _lookup(config: Mapping[str, Any], dotted_key: str, default: Any = None) -> Any:
+    value: Any = config
+    for part in dotted_key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return default
+        value = value[part]
+    return value
+
+
+def _cell(value: Any) -> Any:
+    """Lists and dicts become JSON text so that points can be grouped and compared by them."""
+    if isinstance(value, (list, tuple, Mapping)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
+               overrides: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Config columns of one point: the standard short names, arm knobs, then any other overridden key,
+    by its value in the config, or as written in the override when the config has no such key (a group
+    choice that the resolved config does not name, e.g. '+experiments/pr8186_rows=zero3')."""
+    overrides = overrides or {}
+    row = {column: _cell(_lookup(config, key)) for key, column in CONFIG_COLUMNS.items()}
+    arm = config.get("arm") if isinstance(config.get("arm"), Mapping) else {}
+    covered = set(CONFIG_COLUMNS)
+    for knob, value in arm.items():
+        if knob != "name" and not isinstance(value, Mapping):
+            row[f"arm_{knob}"] = _cell(value)
+            covered.add(f"arm.{knob}")
+    for key in override_keys:
+        value = _lookup(config, key, MISSING)
+        if key in covered or isinstance(value, Mapping):  # a Mapping is a named group: arm=zero3 -> arm.name
+            continue
+        row[key] = overrides.get(key) if value is MISSING else _cell(value)
+    return row
+
+
+def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Status, run facts and every phase's stats flattened: phase0_step_time_s_median, final_n, ..."""
+    row = {key: summary.get(key) for key in SUMMARY_SCALARS}
+    phases = summary.get("phases") or []
+    row["n_phases"] = len(phases)
+    for position, phase in enumerate(phases):
+        row.update(_flatten_stats(phase, f"phase{phase.get('phase', position)}"))
+    if summary.get("final"):
+        row.update(_flatten_stats(summary["final"], "final"))
+    return row
+
+
+def _flatten_stats(stats: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    flat = {}
+    for name, value in stats.items():
+        if isinstance(value, Mapping):
+            flat.update({f"{prefix}_{name}_{stat}": number for stat, number in value.items()})
+        else:
+            flat[f"{prefix}_{name}"] = value
+    return flat
+
+
+def resolved_budget_gb(row: Mapping[str, Any]) -> float | None:
+    """The budget the point planned against: the driver's resolved bytes, else the configured GB."""
+    budget_bytes = row.get("budget_bytes")
+    if budget_bytes is not None and not pd.isna(budget_bytes):
+        return budget_bytes / GB
+    return row.get("budget_gb")
+
+
+def _env_row(env_file: Path, problems: list[Problem]) -> dict[str, Any]:
+    try:
+        env = json.loads(env_file.read_text())
+        if not isinstance(env, Mapping):
+            raise ValueError
+    except FileNotFoundError:
+        problems.append(Problem(str(env_file), "missing; env columns left empty"))
+        return {}
+    except (OSError, ValueError):
+        problems.append(Problem(str(env_file), "not a JSON object; env columns left empty"))
+        return {}
+    return {f"env_{key}": _cell(value) for key, value in env.items()}
+
+
+
+def _read_steps(steps_file: Path, row: Mapping[str, Any], problems: list[Problem]) -> pd.DataFrame:
+    try:
+        lines = steps_file.read_text().splitlines()
+    except FileNotFoundError:
+        if row.get("steps_completed"):
+            problems.append(Problem(str(steps_file), "missing; no per-step series for this point"))
+        return pd.DataFrame()
+    records, bad_lines = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or any(field not in record for field in STEP_FIELDS):
+                raise ValueError
+        except ValueError:
+            bad_lines.append(number)
+            continue
+        records.append(record)
+    if bad_lines:
+        problems.append(Problem(str(steps_file), f"unreadable line(s) {_numbers(bad_lines)} skipped"))
+    steps = pd.DataFrame(records)
+    if not steps.empty:
+        steps.insert(0, "run_dir", row["run_dir"])
+        steps.insert(0, "sweep", row["sweep"])
+    return steps
+
+
+def wandb_point(config: Mapping[str, Any], summary: Mapping[str, Any], run_path: str) -> dict[str, Any]:
+    """The tidy row of one W&B run as the harness's mirror logs it: config = the resolved config,
+    summary = {"status", "reason", ..., "final/step_time_s/median", "phase0/...", "env/torch", ...}."""
+    flat = _flatten_keys(summary)
+    row: dict[str, Any] = {"sweep": None, "run_dir": run_path, "overrides": ""}
+    row.update(config_row(config))
+    row.update({key: flat.get(key) for key in SUMMARY_SCALARS})
+    phases = {match.group(1) for key in flat if (match := re.match(r"^phase(\d+)/", key))}
+    row["n_phases"] = len(phases)
+    row.update({key.replace("/", "_"): value for key, value in flat.items()
+                if STAT_PREFIX.match(key) or key.startswith("env/")})
+    row["budget_resolved_gb"] = resolved_budget_gb(row)
+    return row
+
+
+def _flatten_keys(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """W&B may hand nested summary dicts back; join their keys with '/' like the logged names."""
+    flat = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten_keys(value, f"{name}/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+def load_wandb(project: str, group: str, api: Any = None) -> Sweep:
+    """Points of one sweep from W&B (needs network): `group` is the sweep's W&B group. No per-step series."""
+    if api is None:
+        import wandb  # only this path needs it, and importing it is slow
+
+        api = wandb.Api()
+    rows = [wandb_point(run.config, run.summary_metrics, "/".join(run.path))
+            for run in api.runs(project, filters={"group": group})]
+    return Sweep(points=pd.DataFrame(rows), steps=pd.DataFrame(), problems=[])

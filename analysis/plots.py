@@ -1,0 +1,311 @@
+"""Paper figures: one fixed colour and marker per arm in every figure, labelled axes with units, IQR error
+bars. Each builder returns a `Plot` holding the figure and the tidy data it drew, so the data can be
+saved beside the figure and compared between runs."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+from matplotlib.transforms import blended_transform_factory
+
+from analysis.load import GB, OK
+from analysis.render import to_csv
+from analysis.tables import (NON_OFFLOAD_ARMS, OFFLOAD_ARMS, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S,
+                             Design, aggregate_repeats, design, format_value, is_missing, order_key)
+
+# Okabe-Ito colours (colour-blind safe) with distinct markers, so arms stay apart in greyscale too.
+ARM_STYLES = {
+    "zero3": ("#0072B2", "o"),
+    "deepcompile": ("#E69F00", "s"),
+    "ds_offload": ("#009E73", "^"),
+    "offload": ("#D55E00", "D"),
+    "zero_offload": ("#CC79A7", "v"),
+}
+OTHER_ARM_STYLE = ("#7F7F7F", "x")
+BUDGET_COLUMNS = ("budget_gb", "budget_fraction", "margin")
+PAPER_RC = {
+    "font.family": "DejaVu Sans",  # ships with matplotlib: the same glyphs on every machine
+    "font.size": 9,
+    "axes.labelsize": 9,
+    "axes.titlesize": 9,
+    "legend.fontsize": 7,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 5,
+    "errorbar.capsize": 2,
+    "savefig.dpi": 200,
+    "savefig.bbox": "standard",
+    "pdf.fonttype": 42,  # TrueType fonts: editable text in the paper's PDF
+    "svg.hashsalt": "offload-harness",
+}
+
+
+@dataclass
+class Plot:
+    name: str
+    figure: Figure
+    data: pd.DataFrame  # one row per drawn point: series, x, y, y_low, y_high, ...
+
+
+def arm_style(arm: str) -> tuple[str, str]:
+    return ARM_STYLES.get(arm, OTHER_ARM_STYLE)
+
+
+def save_plot(plot: Plot, out_dir: str | Path) -> list[Path]:
+    """<name>.pdf, <name>.png and <name>_data.csv; no timestamps, so the same plot gives the same files."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{plot.name}.pdf", out_dir / f"{plot.name}.png"]
+    with mpl.rc_context(PAPER_RC):
+        plot.figure.savefig(paths[0], metadata={"CreationDate": None})
+        plot.figure.savefig(paths[1])
+    data_path = out_dir / f"{plot.name}_data.csv"
+    data_path.write_text(to_csv(plot.data))
+    return [*paths, data_path]
+
+
+def _iqr(frame: pd.DataFrame, median: str, p25: str, p75: str) -> tuple[list[float], list[float]]:
+    """Error bar lengths below and above the median."""
+    return (list(frame[median] - frame[p25]), list(frame[p75] - frame[median]))
+
+
+def _annotate_failures(ax, failed: pd.DataFrame, x_column: str) -> None:
+    """Failed points sit at their x above the axis as 'series: STATUS', never as a number; several at
+    one x stack upwards."""
+    at_bottom = blended_transform_factory(ax.transData, ax.transAxes)
+    stacked: dict[float, int] = {}
+    for row in failed.to_dict("records"):
+        if is_missing(row[x_column]):
+            continue
+        height = stacked.get(row[x_column], 0)
+        stacked[row[x_column]] = height + 1
+        ax.text(row[x_column], 0.03 + 0.07 * height, f"{row['series']}: {row['failed']}", transform=at_bottom,
+                fontsize=6, color=arm_style(row["arm"])[0], ha="center", va="bottom")
+    if stacked:  # widen the x axis to the failures' x without touching y
+        y = ax.dataLim.y0 if math.isfinite(ax.dataLim.y0) else 0.0
+        ax.update_datalim([(x, y) for x in stacked])
+        ax.autoscale_view()
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in this sweep", transform=ax.transAxes, ha="center", va="center")
+
+
+def _series(aggregated: pd.DataFrame, points_design: Design, leave_out) -> pd.DataFrame:
+    frame = aggregated.copy()
+    frame["series"] = [points_design.label(row, leave_out=leave_out) for row in frame.to_dict("records")]
+    return frame
+
+
+def _data_rows(frame: pd.DataFrame, kind: str, x: str, y: str, low: list[float] | None = None,
+               high: list[float] | None = None, scale: float = 1.0) -> pd.DataFrame:
+    """What one series drew: y and its error bar ends (`low`/`high` = bar lengths), all divided by `scale`."""
+    values = (frame[y] / scale).tolist()
+    return pd.DataFrame({
+        "series": frame["series"].tolist(), "kind": kind, "x": frame[x].astype(float).tolist(), "y": values,
+        "y_low": [v - d / scale for v, d in zip(values, low)] if low is not None else math.nan,
+        "y_high": [v + d / scale for v, d in zip(values, high)] if high is not None else math.nan,
+        "status": [f or OK for f in frame["failed"]] if kind == "failed" else OK,
+    })
+
+
+def _budget_points(points: pd.DataFrame, values: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Offload arms by budget (ok and failed) and the non-offload arms' ok rows, as series."""
+    points_design = design(points)
+    aggregated = _series(aggregate_repeats(points, points_design.keys, [*values, "budget_resolved_gb"]),
+                         points_design, BUDGET_COLUMNS)
+    # A failed point has no resolved budget; place it at the configured one.
+    if "budget_gb" in aggregated:
+        aggregated["budget_resolved_gb"] = aggregated["budget_resolved_gb"].fillna(aggregated["budget_gb"])
+    offload = aggregated[aggregated["arm"].isin(OFFLOAD_ARMS)].sort_values(["series", "budget_resolved_gb"])
+    references = aggregated[aggregated["arm"].isin(NON_OFFLOAD_ARMS) & (aggregated["n_ok"] > 0)]
+    return offload[offload["n_ok"] > 0], offload[offload["n_ok"] == 0], references
+
+
+def step_time_vs_budget(points: pd.DataFrame) -> Plot:
+    """Final-phase median step time (IQR bars) of the offload arms against the budget, GB offloaded per step
+    on a second axis, non-offload arms as horizontal references."""
+    p25, p75 = "final_step_time_s_p25", "final_step_time_s_p75"
+    ok, failed, references = _budget_points(points, [STEP_TIME, p25, p75, "final_offload_bytes_median"])
+    data = []
+    with mpl.rc_context(PAPER_RC):
+        figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")
+        offloaded_ax = ax.twinx()
+        offloaded_ax.grid(False)
+        for series, frame in ok.groupby("series", sort=False):
+            colour, marker = arm_style(frame["arm"].iloc[0])
+            low, high = _iqr(frame, STEP_TIME, p25, p75)
+            ax.errorbar(frame["budget_resolved_gb"], frame[STEP_TIME], yerr=[low, high], color=colour,
+                        marker=marker, label=series)
+            data.append(_data_rows(frame, "step_time_s", "budget_resolved_gb", STEP_TIME, low, high))
+            if frame["final_offload_bytes_median"].notna().any():
+                offloaded_ax.plot(frame["budget_resolved_gb"], frame["final_offload_bytes_median"] / GB,
+                                  color=colour, marker=marker, linestyle="--", markerfacecolor="none",
+                                  label=f"{series}: offloaded")
+                data.append(_data_rows(frame, "offloaded_gb", "budget_resolved_gb",
+                                       "final_offload_bytes_median", scale=GB))
+        for row in references.to_dict("records"):
+            ax.axhline(row[STEP_TIME], color=arm_style(row["arm"])[0], linestyle=":",
+                       label=f"{row['series']} (no offload)")
+        data.append(_reference_rows(references, STEP_TIME))
+        _annotate_failures(ax, failed, "budget_resolved_gb")
+        data.append(_data_rows(failed, "failed", "budget_resolved_gb", STEP_TIME))
+        if ok.empty and failed.empty:
+            _no_data(ax, "offload points")
+        ax.set_xlabel("memory budget (GB)")
+        ax.set_ylabel("step time (s), final phase")
+        offloaded_ax.set_ylabel("offloaded/step (GB), dashed")
+        _legend(figure, ax, offloaded_ax)
+    return Plot("step_time_vs_budget", figure, _concat(data))
+
+
+def peak_reserved_vs_budget(points: pd.DataFrame) -> Plot:
+    """Final-phase peak reserved memory of the offload arms against the budget (bars: min-max over
+    repeats), with the budget itself as a line and non-offload arms as horizontal references."""
+    ok, failed, references = _budget_points(points, [PEAK_RESERVED])
+    data = []
+    with mpl.rc_context(PAPER_RC):
+        figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")
+        for series, frame in ok.groupby("series", sort=False):
+            colour, marker = arm_style(frame["arm"].iloc[0])
+            low = list(frame[PEAK_RESERVED] - frame[f"{PEAK_RESERVED}_min"])
+            high = list(frame[f"{PEAK_RESERVED}_max"] - frame[PEAK_RESERVED])
+            ax.errorbar(frame["budget_resolved_gb"], frame[PEAK_RESERVED] / GB,
+                        yerr=[[v / GB for v in low], [v / GB for v in high]], color=colour, marker=marker,
+                        label=series)
+            data.append(_data_rows(frame, "peak_reserved_gb", "budget_resolved_gb", PEAK_RESERVED, low, high,
+                                   scale=GB))
+        budgets = sorted(pd.concat([ok["budget_resolved_gb"], failed["budget_resolved_gb"]]).dropna().unique())
+        if budgets:
+            ax.plot(budgets, budgets, color="black", linestyle="--", linewidth=0.8, label="budget")
+        for row in references.to_dict("records"):
+            ax.axhline(row[PEAK_RESERVED] / GB, color=arm_style(row["arm"])[0], linestyle=":",
+                       label=f"{row['series']} (no offload)")
+        data.append(_reference_rows(references, PEAK_RESERVED, scale=GB))
+        _annotate_failures(ax, failed, "budget_resolved_gb")
+        data.append(_data_rows(failed, "failed", "budget_resolved_gb", PEAK_RESERVED, scale=GB))
+        if ok.empty and failed.empty:
+            _no_data(ax, "offload points")
+        ax.set_xlabel("memory budget (GB)")
+        ax.set_ylabel("peak reserved (GB), final phase")
+        _legend(figure, ax)
+    return Plot("peak_reserved_vs_budget", figure, _concat(data))
+
+
+def _reference_rows(references: pd.DataFrame, value: str, scale: float = 1.0) -> pd.DataFrame:
+    return pd.DataFrame({"series": references["series"].tolist(), "kind": "reference", "x": math.nan,
+                         "y": (references[value] / scale).tolist(), "y_low": math.nan, "y_high": math.nan,
+                         "status": OK})
+
+
+def throughput_vs_micro_batch(points: pd.DataFrame) -> Plot:
+    """Final-phase median tokens/s against micro-batch, one line per arm (and other design choices)."""
+    p25, p75 = "final_tokens_per_s_p25", "final_tokens_per_s_p75"
+    points_design = design(points)
+    keys = [key for key in points_design.keys if key != "micro_batch"] + ["micro_batch"]
+    aggregated = _series(aggregate_repeats(points, keys, [TOKENS_PER_S, p25, p75]), points_design, ["micro_batch"])
+    data = []
+    with mpl.rc_context(PAPER_RC):
+        figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")
+        ok = aggregated[aggregated["n_ok"] > 0]
+        for series, frame in ok.groupby("series", sort=False):
+            colour, marker = arm_style(frame["arm"].iloc[0])
+            low, high = _iqr(frame, TOKENS_PER_S, p25, p75)
+            ax.errorbar(frame["micro_batch"], frame[TOKENS_PER_S], yerr=[low, high], color=colour,
+                        marker=marker, label=series)
+            data.append(_data_rows(frame, "tokens_per_s", "micro_batch", TOKENS_PER_S, low, high))
+        failed = aggregated[aggregated["n_ok"] == 0]
+        _annotate_failures(ax, failed, "micro_batch")
+        data.append(_data_rows(failed, "failed", "micro_batch", TOKENS_PER_S))
+        ax.set_xlabel("micro-batch (sequences per GPU)")
+        ax.set_ylabel("throughput (tokens/s), final phase")
+        micro_batches = sorted(aggregated["micro_batch"].dropna().unique())
+        if micro_batches and micro_batches[0] > 0:
+            ax.set_xscale("log", base=2)  # micro-batch sweeps double
+        ax.set_xticks(micro_batches, [format_value(mb) for mb in micro_batches])
+        ax.minorticks_off()
+        _legend(figure, ax)
+    return Plot("throughput_vs_micro_batch", figure, _concat(data))
+
+
+SERIES_UNITS = {"step_time_s": ("step time (s)", 1.0),
+                "peak_reserved_bytes": ("peak reserved (GB)", GB),
+                "peak_allocated_bytes": ("peak allocated (GB)", GB)}
+LOG_SCALE_RATIO = 10  # compile steps can take 1000x a measured step; a log axis keeps both readable
+
+
+def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_time_s") -> Plot:
+    """Per-step `metric` of every point, one panel each; compile steps hollow, phase boundaries dashed."""
+    axis_label, scale = SERIES_UNITS[metric]
+    points_design = design(points)
+    with_steps = points.merge(steps[["sweep", "run_dir"]].drop_duplicates(), on=["sweep", "run_dir"]) \
+        if not steps.empty else points.iloc[0:0]
+    # Panels in design order (arm, then its knobs, then repeat), not in the order the points ran.
+    order = [key for key in [*points_design.keys, "repeat"] if key in with_steps]
+    with_steps = with_steps.sort_values(order, key=order_key, kind="stable")
+    columns = max(1, min(3, len(with_steps)))
+    rows = max(1, math.ceil(len(with_steps) / columns))
+    data = []
+    with mpl.rc_context(PAPER_RC):
+        figure, axes = plt.subplots(rows, columns, figsize=(3.3 * columns, 2.4 * rows + 0.4), squeeze=False,
+                                    layout="constrained")
+        repeats_vary = "repeat" in with_steps and with_steps["repeat"].nunique() > 1
+        for ax, point in zip(axes.flat, with_steps.to_dict("records")):
+            own = steps[(steps["sweep"] == point["sweep"]) & (steps["run_dir"] == point["run_dir"])]
+            own = own.sort_values("step")
+            values = own[metric].astype(float) / scale if metric in own else pd.Series(math.nan, index=own.index)
+            colour, marker = arm_style(point["arm"])
+            ax.plot(own["step"], values, color=colour, marker=marker, markersize=3)
+            compile_steps = own["phase_step"] == 0
+            ax.plot(own["step"][compile_steps], values[compile_steps], linestyle="none", marker=marker,
+                    markersize=7, markerfacecolor="none", color=colour)
+            for boundary in own.loc[(own["phase_step"] == 0) & (own["step"] > 0), "step"]:
+                ax.axvline(boundary - 0.5, color="black", linestyle="--", linewidth=0.8)
+            repeat = f" #{point['repeat']}" if repeats_vary else ""
+            status = "" if point["status"] == OK else f" [{point['status'].upper()}]"
+            ax.set_title(f"{points_design.label(point)}{repeat}{status}", fontsize=7)
+            ax.set_xlabel("step")
+            ax.set_ylabel(axis_label)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if values.notna().any() and values.min() > 0 and values.max() / values.min() > LOG_SCALE_RATIO:
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            data.append(pd.DataFrame({"series": point["run_dir"], "x": own["step"].tolist(),
+                                      "y": values.tolist(), "phase": own["phase"].tolist(),
+                                      "phase_step": own["phase_step"].tolist()}))
+        for ax in list(axes.flat)[len(with_steps):]:
+            ax.set_visible(False)
+        if with_steps.empty:
+            axes.flat[0].set_visible(True)
+            _no_data(axes.flat[0], "per-step records")
+        figure.legend([Line2D([], [], color="black", marker="o", markerfacecolor="none", linestyle="none"),
+                       Line2D([], [], color="black", linestyle="--", linewidth=0.8)],
+                      ["first step of a phase (compiles)", "phase boundary"],
+                      loc="outside lower center", ncols=2, frameon=False)
+    return Plot(f"{metric}_per_step", figure, _concat(data))
+
+
+def _legend(figure: Figure, *axes) -> None:
+    """One legend under the axes, so that it never hides a point."""
+    handles, labels = [], []
+    for ax in axes:
+        more_handles, more_labels = ax.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    if handles:
+        figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [frame for frame in frames if not frame.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["series", "kind", "x", "y", "y_low", "y_high", "status"])

@@ -1,0 +1,306 @@
+"""Paper tables from the tidy points: repeats folded into medians with their spread, failures by status.
+
+Each builder returns a `Table`: `values` holds the numbers (one row per design point, or per design point
+and phase), `display` the strings a reader sees, with two-level columns (group, name) where cells are
+grouped under a swept value.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from analysis.load import GB, OK, is_design_column
+
+ARMS = ("zero3", "deepcompile", "ds_offload", "offload", "zero_offload")
+BASELINE_ARM = "zero3"
+NON_OFFLOAD_ARMS = ("zero3", "deepcompile")
+OFFLOAD_ARMS = ("ds_offload", "offload")
+REPEAT_COLUMNS = ("repeat", "seed")
+# What a training step computes: two points with equal values here are comparable across arms.
+WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "steps", "nproc_per_node", "nnodes")
+AXIS_LABELS = {"seq_len": "seq", "micro_batch": "mb"}
+GIB = 2**30
+NOT_APPLICABLE = "-"
+
+STEP_TIME = "final_step_time_s_median"
+TOKENS_PER_S = "final_tokens_per_s_median"
+PEAK_RESERVED = "final_peak_reserved_bytes_max"
+
+
+@dataclass
+class Table:
+    name: str
+    values: pd.DataFrame
+    display: pd.DataFrame  # strings; columns are (group, name) pairs, group "" for ungrouped columns
+
+
+@dataclass(frozen=True)
+class Design:
+    """What tells design points apart: `keys` = arm plus every config column that varies between the points
+    of one arm (repeats aside); `shown` = per arm, the keys its labels name."""
+
+    keys: list[str]
+    shown: dict[str, list[str]]
+
+    def label(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
+        """'offload, budget_gb=12, empty_cache=phase': the arm and what else sets this point apart."""
+        leave_out = set(leave_out)
+        details = [f"{key}={format_value(row[key])}" for key in self.shown.get(row["arm"], [])
+                   if key not in leave_out]
+        return ", ".join([str(row["arm"]), *details])
+
+
+def design(points: pd.DataFrame) -> Design:
+    """Knobs that only one arm has (or that differ only between arms) are told apart by the arm already."""
+    candidates = [column for column in points.columns
+                  if is_design_column(column) and column not in REPEAT_COLUMNS and column != "arm"]
+    shown = {arm: [column for column in candidates if _varies(rows[column])]
+             for arm, rows in points.groupby("arm", sort=False)}
+    keys = ["arm", *[column for column in candidates if any(column in columns for columns in shown.values())]]
+    return Design(keys=keys, shown=shown)
+
+
+def swept_axis(points: pd.DataFrame) -> str:
+    """The throughput table's column axis: sequence length if it varies, else micro-batch."""
+    for axis in AXIS_LABELS:
+        if axis in points and _varies(points[axis]):
+            return axis
+    return "seq_len"
+
+
+def _varies(column: pd.Series) -> bool:
+    """More than one value, a missing one (an auto budget, say) counting as a value of its own."""
+    return column.map(format_value).nunique() > 1
+
+
+def aggregate_repeats(points: pd.DataFrame, keys: Sequence[str], values: Iterable[str]) -> pd.DataFrame:
+    """One row per key: each value's median over the ok repeats with min and max (NaN where no repeat has
+    it, or no point has the column), run counts, failures."""
+    values = list(values)
+    rows = []
+    for key, group in points.groupby(list(keys), dropna=False, sort=False):
+        ok = group[group["status"] == OK]
+        row: dict[str, Any] = {name: _none_if_nan(value) for name, value in zip(keys, key)}
+        row.update(n_runs=len(group), n_ok=len(ok), failed=failed_statuses(group["status"]))
+        for value in values:
+            numbers = ok[value].dropna().astype(float).tolist() if value in ok else []
+            row[value] = statistics.median(numbers) if numbers else math.nan
+            row[f"{value}_min"] = min(numbers) if numbers else math.nan
+            row[f"{value}_max"] = max(numbers) if numbers else math.nan
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    return frame.sort_values(list(keys), key=order_key, kind="stable").reset_index(drop=True) if rows else frame
+
+
+def failed_statuses(statuses: Iterable[str]) -> str:
+    """'OOM', '2 DIED', 'DIED/OOM': how the non-ok runs ended, uppercase as the tables show them."""
+    counts: dict[str, int] = {}
+    for status in statuses:
+        if status != OK:
+            counts[status.upper()] = counts.get(status.upper(), 0) + 1
+    return "/".join(f"{count} {status}" if count > 1 else status for status, count in sorted(counts.items()))
+
+
+def _none_if_nan(value: Any) -> Any:
+    return None if is_missing(value) else value
+
+
+def is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def order_key(column: pd.Series) -> pd.Series:
+    """Arms in their fixed order, numbers by value, missing last."""
+    if column.name == "arm":
+        return column.map(lambda arm: (ARMS.index(arm) if arm in ARMS else len(ARMS), str(arm)))
+    return column.map(lambda value: (1, 0.0, "") if is_missing(value) else (
+        (0, float(value), "") if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else (0, math.inf, str(value))))
+
+
+def format_number(value: float) -> str:
+    if is_missing(value):
+        return NOT_APPLICABLE
+    if abs(value) >= 1000:
+        return f"{value:.0f}"
+    return f"{value:.4g}"
+
+
+def format_value(value: Any) -> str:
+    """A config value in a label: integral floats (pandas' ints with gaps) without '.0', missing as null."""
+    if is_missing(value):
+        return "null"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def cell(row: Mapping[str, Any], value: str, scale: float = 1.0) -> str:
+    """A measured cell: the status when no repeat ran ok, else the median, [min, max] over repeats, and
+    how many other repeats failed."""
+    if row["n_ok"] == 0:
+        return row["failed"]
+    if is_missing(row.get(value)):
+        return NOT_APPLICABLE
+    text = format_number(row[value] / scale)
+    if row["n_ok"] > 1 and row[f"{value}_min"] != row[f"{value}_max"]:
+        text += f" [{format_number(row[f'{value}_min'] / scale)}, {format_number(row[f'{value}_max'] / scale)}]"
+    if row["failed"]:
+        text += f" (+{row['failed']})"
+    return text
+
+
+def _workload(row: Mapping[str, Any], keys: Sequence[str]) -> tuple:
+    return tuple(format_value(row[key]) for key in keys if key in WORKLOAD_COLUMNS)
+
+
+def add_speedups(aggregated: pd.DataFrame, keys: Sequence[str], step_time: str = STEP_TIME) -> pd.DataFrame:
+    """speedup_vs_zero3 and speedup_vs_best_base (fastest of zero3/deepcompile) on the same workload,
+    where both ran: baseline step time / this step time, so > 1 is faster."""
+    frame = aggregated.copy()
+    records = frame.to_dict("records")
+
+    def fastest(workload: tuple, arms: Sequence[str]) -> float:
+        times = [r[step_time] for r in records
+                 if r["arm"] in arms and r["n_ok"] > 0 and _workload(r, keys) == workload]
+        return min(times) if times else math.nan
+
+    for name, arms in (("speedup_vs_zero3", (BASELINE_ARM,)), ("speedup_vs_best_base", NON_OFFLOAD_ARMS)):
+        frame[name] = [fastest(_workload(r, keys), arms) / r[step_time] if r["n_ok"] > 0 else math.nan
+                       for r in records]
+    return frame
+
+
+def _speedup_cell(row: Mapping[str, Any], name: str) -> str:
+    if row["n_ok"] == 0:
+        return row["failed"]
+    return NOT_APPLICABLE if is_missing(row[name]) else f"{row[name]:.2f}x"
+
+
+def throughput_table(points: pd.DataFrame, axis: str | None = None) -> Table:
+    """Rows = design points but the axis, column groups = the axis's values: final-phase median step time,
+    tokens/s, speed-up vs zero3 and vs the best non-offload arm."""
+    axis = axis or swept_axis(points)
+    points_design = design(points)
+    keys = [key for key in points_design.keys if key != axis] + [axis]  # axis last: an arm's rows stay together
+    values = add_speedups(aggregate_repeats(points, keys, [STEP_TIME, TOKENS_PER_S]), keys)
+    values["label"] = [points_design.label(row, leave_out=[axis]) for row in values.to_dict("records")]
+    axis_values = sorted({format_value(v) for v in values[axis]}, key=_numeric_first)
+    cells: dict[str, dict[tuple[str, str], str]] = {}
+    for row in values.to_dict("records"):
+        group = f"{AXIS_LABELS.get(axis, axis)} {format_value(row[axis])}"
+        line = cells.setdefault(row["label"], {("", "arm"): row["label"]})
+        line[(group, "s/step")] = cell(row, STEP_TIME)
+        line[(group, "tok/s")] = cell(row, TOKENS_PER_S)
+        line[(group, "vs zero3")] = _speedup_cell(row, "speedup_vs_zero3")
+        line[(group, "vs best base")] = _speedup_cell(row, "speedup_vs_best_base")
+    columns = [("", "arm")] + [(f"{AXIS_LABELS.get(axis, axis)} {value}", name) for value in axis_values
+                               for name in ("s/step", "tok/s", "vs zero3", "vs best base")]
+    display = pd.DataFrame([[line.get(column, NOT_APPLICABLE) for column in columns] for line in cells.values()],
+                           columns=pd.MultiIndex.from_tuples(columns))
+    return Table("throughput", values.drop(columns="label"), display)
+
+
+def _numeric_first(text: str) -> tuple:
+    try:
+        return (0, float(text), text)
+    except ValueError:
+        return (1, 0.0, text)
+
+
+PHASE_PATTERN = re.compile(r"^phase(\d+)_(.+)$")
+MEMORY_COLUMNS = {  # per-phase stat -> (column title, divisor)
+    "peak_allocated_bytes_max": ("peak allocated (GiB)", GIB),
+    "peak_reserved_bytes_max": ("peak reserved (GiB)", GIB),
+    "offload_bytes_median": ("offloaded/step (GiB)", GIB),
+    "reload_bytes_median": ("reloaded/step (GiB)", GIB),
+    "alloc_retries_sum": ("alloc retries", 1),
+}
+
+
+def phase_rows(points: pd.DataFrame) -> pd.DataFrame:
+    """One row per (point, phase) with the phase's stats unprefixed; a failed point gets one row, phase None."""
+    rows = []
+    for point in points.to_dict("records"):
+        base = {column: value for column, value in point.items() if not PHASE_PATTERN.match(column)}
+        if point["status"] != OK or not point.get("n_phases"):
+            rows.append({**base, "phase": None})
+            continue
+        for phase in range(int(point["n_phases"])):
+            stats = {match.group(2): value for column, value in point.items()
+                     if (match := PHASE_PATTERN.match(column)) and int(match.group(1)) == phase}
+            rows.append({**base, **stats, "phase": phase})
+    return pd.DataFrame(rows)
+
+
+def memory_table(points: pd.DataFrame) -> Table:
+    """Per design point and phase: peak allocated and reserved (GiB), bytes offloaded and reloaded per step
+    (GiB), allocator retries."""
+    points_design = design(points)
+    keys = points_design.keys
+    values = aggregate_repeats(phase_rows(points), [*keys, "phase"], MEMORY_COLUMNS)
+    lines = []
+    for row in values.to_dict("records"):
+        line = {("", "arm"): points_design.label(row),
+                ("", "phase"): NOT_APPLICABLE if is_missing(row["phase"]) else format_value(row["phase"]),
+                ("", "runs"): _runs(row)}
+        for value, (name, scale) in MEMORY_COLUMNS.items():
+            line[("", name)] = cell(row, value, scale)
+        lines.append(line)
+    return Table("memory", values, _display(lines))
+
+
+def _runs(row: Mapping[str, Any]) -> str:
+    return f"{row['n_ok']}/{row['n_runs']} ok"
+
+
+def _display(lines: list[dict[tuple[str, str], str]]) -> pd.DataFrame:
+    columns = list(dict.fromkeys(column for line in lines for column in line))
+    return pd.DataFrame([[line.get(column, NOT_APPLICABLE) for column in columns] for line in lines],
+                        columns=pd.MultiIndex.from_tuples(columns) if columns else None)
+
+
+def policies_table(points: pd.DataFrame) -> Table:
+    """Rows = empty_cache policy (within each other design point), column groups = copy-stream mode:
+    final-phase median step time and peak reserved."""
+    points_design = design(points)
+    keys = [key for key in points_design.keys if key not in ("empty_cache", "streams")] + ["empty_cache", "streams"]
+    values = aggregate_repeats(points, keys, [STEP_TIME, PEAK_RESERVED])
+    cells: dict[str, dict[tuple[str, str], str]] = {}
+    for row in values.to_dict("records"):
+        context = points_design.label(row, leave_out=["empty_cache", "streams"])
+        line = cells.setdefault(f"{context}|{row['empty_cache']}",
+                                {("", "arm"): context, ("", "empty_cache"): format_value(row["empty_cache"])})
+        group = f"streams {format_value(row['streams'])}"
+        line[(group, "s/step")] = cell(row, STEP_TIME)
+        line[(group, "peak reserved (GiB)")] = cell(row, PEAK_RESERVED, GIB)
+    return Table("policies", values, _display(list(cells.values())))
+
+
+def budget_table(points: pd.DataFrame) -> Table:
+    """Offload arms by budget: resolved budget and bytes offloaded per step (GB, as budgets are given),
+    step time, peak reserved (GB) and speed-up against the best non-offload arm."""
+    points_design = design(points)
+    keys = points_design.keys
+    values = [STEP_TIME, PEAK_RESERVED, "final_offload_bytes_median", "budget_resolved_gb"]
+    aggregated = add_speedups(aggregate_repeats(points, keys, values), keys)
+    offload = aggregated[aggregated["arm"].isin(OFFLOAD_ARMS)]
+    lines = []
+    for row in offload.to_dict("records"):
+        lines.append({
+            ("", "arm"): points_design.label(row, leave_out=["budget_gb"]),
+            ("", "budget (GB)"): format_number(row["budget_resolved_gb"]) if row["n_ok"]
+            else format_value(row.get("budget_gb")),
+            ("", "offloaded/step (GB)"): cell(row, "final_offload_bytes_median", GB),
+            ("", "s/step"): cell(row, STEP_TIME),
+            ("", "peak reserved (GB)"): cell(row, PEAK_RESERVED, GB),
+            ("", "vs best base"): _speedup_cell(row, "speedup_vs_best_base"),
+            ("", "runs"): _runs(row),
+        })
+    return Table("budget", offload.reset_index(drop=True), _display(lines))

@@ -1,0 +1,83 @@
+"""Print the offload benchmark's ratios from one or more sweep dirs of arms run back to back.
+
+    python -m harness.bench SWEEP_DIR [SWEEP_DIR ...]
+
+For each offload budget found: final-phase median step time of every arm, our pass over DeepSpeed's
+(`offload` / `ds_offload`) and over DeepCompile without offload, the reserved-memory trajectory of the
+final phase, and the largest relative loss difference against `deepcompile` (same seed, same data).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from harness.sinks import STEPS_FILE, SUMMARY_FILE, iter_run_dirs, read_jsonl
+
+
+def load_points(sweep_dirs: list[Path]) -> list[dict]:
+    points = []
+    for sweep_dir in sweep_dirs:
+        for run_dir in iter_run_dirs(sweep_dir):
+            config = yaml.safe_load((run_dir / "config.yaml").read_text())
+            summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+            points.append({"arm": config["arm"]["name"], "budget_gb": config["offload"]["budget_gb"],
+                           "offload": config["offload"], "summary": summary,
+                           "rows": read_jsonl(run_dir / STEPS_FILE), "run_dir": run_dir})
+    return points
+
+
+def final_median(point: dict) -> float | None:
+    final = point["summary"].get("final") or {}
+    return (final.get("step_time_s") or {}).get("median")
+
+
+def max_rel_loss_diff(rows: list[dict], reference: list[dict]) -> float | None:
+    pairs = [(a["loss"], b["loss"]) for a, b in zip(rows, reference)]
+    return max(abs(a - b) / abs(b) for a, b in pairs) if pairs else None
+
+
+def reserved_trajectory_gb(point: dict) -> list[float]:
+    final = (point["summary"].get("final") or {}).get("phase")
+    return [round(r["peak_reserved_bytes"] / 1e9, 2) for r in point["rows"]
+            if r["phase"] == final and r.get("peak_reserved_bytes") is not None]
+
+
+def describe(point: dict) -> str:
+    knobs = point["offload"] if point["arm"] == "offload" else {}
+    extra = ",".join(f"{k}={knobs[k]}" for k in ("empty_cache", "streams", "mode", "reload") if k in knobs)
+    return f"{point['arm']}" + (f"[{extra}]" if extra else "")
+
+
+def report(points: list[dict]) -> str:
+    lines = []
+    reference = next((p for p in points if p["arm"] == "deepcompile" and p["summary"]["status"] == "ok"), None)
+    for budget in sorted({p["budget_gb"] for p in points if p["arm"] != "deepcompile"}, key=lambda b: (b is None, b)):
+        group = [p for p in points if p["budget_gb"] == budget or p["arm"] == "deepcompile"]
+        lines.append(f"== budget_gb={budget if budget is not None else 'auto'}")
+        for p in group:
+            loss = max_rel_loss_diff(p["rows"], reference["rows"]) if reference and p is not reference else None
+            median = final_median(p)
+            lines.append(f"  {describe(p):<48} {p['summary']['status']:<7} final median "
+                         + (f"{median:.4f} s" if median is not None else "-")
+                         + (f" | max rel loss diff vs deepcompile {loss:.2e}" if loss is not None else "")
+                         + f" | planned offload {p['summary'].get('planned_offload_bytes')}"
+                         + f"\n      final-phase peak reserved GB per step: {reserved_trajectory_gb(p)}")
+        ours = [p for p in group if p["arm"] == "offload" and final_median(p)]
+        for base in ("ds_offload", "deepcompile"):
+            base_point = next((p for p in group if p["arm"] == base and final_median(p)), None)
+            for p in ours if base_point else []:
+                lines.append(f"  ratio {describe(p)} / {base}: {final_median(p) / final_median(base_point):.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dirs", nargs="+", type=Path)
+    print(report(load_points(parser.parse_args(argv).sweep_dirs)))
+
+
+if __name__ == "__main__":
+    main()
