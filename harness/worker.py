@@ -129,7 +129,7 @@ def run(cfg: dict, run_dir: Path) -> None:
     if rank == 0:
         write_json_atomic(run_dir / WORKER_FILE, facts)
 
-    generator = torch.Generator(device=device).manual_seed(train["seed"] * 1000 + rank)
+    generator = torch.Generator().manual_seed(train["seed"] * 1000 + rank)
     counters = OffloadCounters(cfg["arm"]["name"])
     tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
     vocab = model_cfg["config"]["vocab_size"]
@@ -141,7 +141,7 @@ def run(cfg: dict, run_dir: Path) -> None:
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         for _ in range(train["grad_accum"]):
-            ids = models.synthetic_batch(generator, train["micro_batch"], train["seq_len"], vocab)
+            ids = models.synthetic_batch(generator, train["micro_batch"], train["seq_len"], vocab, device)
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
             engine.step()

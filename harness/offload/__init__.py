@@ -1,0 +1,128 @@
+"""Our optimizer-state offload pass for DeepSpeed's DeepCompile (ZeRO-3): the seam the worker calls.
+
+check_config(ds_config, offload_cfg, grad_accum)  refuse what cannot work, on any machine, before launch
+install(engine, offload_cfg, budget_bytes, run_dir) register ops and passes; returns the compile schedule
+counters()                                          cumulative op counters since process start
+planned_offload_bytes()                             bytes the last plan moves off the device (None before one)
+"""
+from __future__ import annotations
+
+from harness.budget import check_budget_keys
+from harness.errors import ConfigError
+
+__all__ = ["check_config", "install", "counters", "planned_offload_bytes"]
+
+KNOBS = {
+    "mode": ("async", "blocking"),
+    "empty_cache": ("never", "once_per_phase", "per_step"),
+    "streams": ("split", "single"),
+    "reload": ("asap", "at_end"),
+}
+BUDGET_KEYS = ("budget_gb", "budget_fraction", "margin")
+_ON_HOST = ("cpu", "nvme")
+_installed = None  # the OffloadPass of the engine install() set up in this process
+
+
+def _device_of(section) -> str:
+    return str((section or {}).get("device", "none")).lower()
+
+
+def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
+    """Raise ConfigError(key, message) for a configuration the offload arm cannot run.
+
+    Refused:
+    - bad knob values (offload.mode, .empty_cache, .streams, .reload, the budget keys);
+    - ZeRO stage other than 3 (the pass moves ZeRO-3's fp32 partitions and optimizer states, per sub-group);
+    - ZeRO-Offload of the optimizer (`zero_optimization.offload_optimizer.device` cpu/nvme): the states
+      already live on the host and the optimizer runs there;
+    - parameter offload (`zero_optimization.offload_param.device` cpu/nvme, or `compile.offload_parameters`) and
+      activation offload (`compile.offload_activation`): each plans against the whole memory budget on its own;
+    - DeepSpeed's own `compile.offload_opt_states`: two passes would move the same states;
+    - `compile.deepcompile` off: our passes run only inside DeepCompile;
+    - gradient accumulation > 1 (train.grad_accum or gradient_accumulation_steps). Refused, not supported: the
+      compiled graphs run once per micro-batch, so every micro-batch would offload the states in its forward
+      and reload them in its backward although only the last one's optimizer step reads them. Correct, but the
+      traffic grows with the accumulation count and no plan would describe it; making it efficient needs the
+      ops to know the accumulation boundary, which this version does not do.
+    """
+    _check_knobs(offload_cfg)
+    zero = ds_config.get("zero_optimization") or {}
+    if zero.get("stage") != 3:
+        raise ConfigError("zero_optimization.stage", f"the offload arm needs ZeRO stage 3, got {zero.get('stage')}")
+    if _device_of(zero.get("offload_optimizer")) in _ON_HOST:
+        raise ConfigError("zero_optimization.offload_optimizer",
+                          "ZeRO-Offload keeps the optimizer states on the host already; use arm=zero_offload")
+    if _device_of(zero.get("offload_param")) in _ON_HOST:
+        raise ConfigError("zero_optimization.offload_param", "parameter offload cannot be combined with the offload arm")
+    compile_cfg = ds_config.get("compile") or {}
+    if not compile_cfg.get("deepcompile"):
+        raise ConfigError("compile.deepcompile", "the offload arm runs inside DeepCompile; it must be true")
+    for key, why in (("offload_opt_states", "DeepSpeed's own pass would move the same states (arm=ds_offload)"),
+                     ("offload_parameters", "parameter offload cannot be combined with the offload arm"),
+                     ("offload_activation", "activation offload cannot be combined with the offload arm")):
+        if compile_cfg.get(key):
+            raise ConfigError(f"compile.{key}", why)
+    for key, value in (("train.grad_accum", grad_accum),
+                       ("gradient_accumulation_steps", ds_config.get("gradient_accumulation_steps", 1))):
+        if value != 1:
+            raise ConfigError(key, f"the offload arm supports gradient accumulation 1 only, got {value}")
+
+
+def _check_knobs(offload_cfg: dict) -> None:
+    for key in (*KNOBS, *BUDGET_KEYS):
+        if key not in offload_cfg:
+            raise ConfigError(f"offload.{key}", "missing")
+    for key, allowed in KNOBS.items():
+        if offload_cfg[key] not in allowed:
+            raise ConfigError(f"offload.{key}", f"must be one of {', '.join(allowed)}, got {offload_cfg[key]!r}")
+    check_budget_keys(offload_cfg["budget_gb"], offload_cfg["budget_fraction"], offload_cfg["margin"])
+
+
+def counters() -> dict:
+    """{"offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls"}, cumulative (ints)."""
+    from harness.offload import ops  # torch stays out of the driver's config check
+    return ops.counters()
+
+
+def planned_offload_bytes() -> int | None:
+    """Bytes of optimizer state the last plan in this process moves off the device (None before a plan)."""
+    plan = _installed.last_plan if _installed is not None else None
+    return None if plan is None else int(plan["offloaded_bytes"])
+
+
+def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
+    """Register our ops and passes on a ZeRO-3 DeepSpeed engine; return the schedule for engine.compile()."""
+    import torch
+    from deepspeed.compile.util import get_deepcompile_handle
+
+    from harness.offload import ops, schedule
+    from harness.offload.graph_pass import OffloadPass, PlanFiles
+    from harness.offload.mover import CudaDevice, StateMover
+    from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
+    from harness.offload.states import SubGroupGate
+
+    _check_knobs(offload_cfg)
+    if not isinstance(budget_bytes, int) or budget_bytes < 0:
+        raise ConfigError("offload.budget_gb", f"the budget must resolve to bytes >= 0, got {budget_bytes!r}")
+    optimizer = engine.optimizer
+    if not hasattr(optimizer, "fp32_partitioned_groups_flat") or not hasattr(optimizer, "_prepare_sub_group"):
+        raise ConfigError("zero_optimization.stage", f"expected a ZeRO-3 optimizer, got {type(optimizer).__name__}")
+    device = CudaDevice(torch.device("cuda", torch.cuda.current_device()))
+    runtime = OffloadRuntime(
+        StateMover(device, split_streams=offload_cfg["streams"] == "split"),
+        mode=offload_cfg["mode"],
+        cache_policy=EmptyCachePolicy(offload_cfg["empty_cache"], device.empty_cache),
+        is_profiling=lambda: get_deepcompile_handle().is_profiling())
+    ops.register_ops()
+    ops.bind_runtime(runtime)
+    SubGroupGate(optimizer, runtime.before_sub_group_step).install()
+    runtime.gated = True
+    compile_schedule = schedule.build_schedule()
+    offload_pass = OffloadPass(
+        runtime, optimizer, budget_bytes, offload_cfg["reload"], PlanFiles(run_dir),
+        device_total_bytes=torch.cuda.get_device_properties(device.device).total_memory,
+        current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps))
+    schedule.register_passes(engine, offload_pass)
+    global _installed
+    _installed = offload_pass
+    return compile_schedule

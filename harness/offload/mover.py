@@ -1,0 +1,148 @@
+"""Runtime copies of optimizer states between device memory and pinned host buffers.
+
+Stream discipline (the compute stream is the current stream when an op runs):
+- offload: the D2H stream waits for the compute stream (the optimizer step wrote the states there) and for the
+  state's own reload, if nothing has waited for it yet; the freed device block is tied to the D2H stream with
+  record_stream, so the allocator hands it out again only once the copy has read it.
+- reload: the device buffer is allocated from the compute stream's pool (same sizes, same order every step, so
+  the pool settles instead of growing); the H2D stream waits for the compute stream before writing it (the
+  block's previous owner may still be reading) and for this state's own offload event (not for all copies).
+  No record_stream on reload buffers: the compute stream waits on the reload event before any kernel reads the
+  state, and the buffer is only freed by a later offload whose D2H stream waited on the compute stream.
+- `split` uses separate D2H and H2D streams so out-going and in-coming copies overlap; `single` shares one.
+Nothing here waits on the host except `evict_all` (compile time) and the blocking mode's `synchronize`.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol
+
+import torch
+
+from harness.offload.states import StateTask
+
+
+class Device(Protocol):
+    """The accelerator calls the mover needs; CudaDevice is the real one."""
+
+    def current_stream(self) -> Any: ...
+    def new_stream(self) -> Any: ...
+    def new_event(self) -> Any: ...
+    def use_stream(self, stream: Any) -> contextlib.AbstractContextManager: ...
+    def pinned_like(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def device_like(self, host: torch.Tensor) -> torch.Tensor: ...
+    def keep_until_done(self, tensor: torch.Tensor, stream: Any) -> None: ...
+    def empty_cache(self) -> None: ...
+
+
+class CudaDevice:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def current_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def new_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.Stream(self.device)
+
+    def new_event(self) -> torch.cuda.Event:
+        return torch.cuda.Event()
+
+    def use_stream(self, stream: torch.cuda.Stream) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(stream)
+
+    def pinned_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+
+    def device_like(self, host: torch.Tensor) -> torch.Tensor:
+        return torch.empty(host.shape, dtype=host.dtype, device=self.device)
+
+    def keep_until_done(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        tensor.record_stream(stream)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+
+@dataclass(eq=False)
+class StateSlot:
+    """One task's runtime state: its host buffer (allocated once) and the events of its last copies."""
+    task: StateTask
+    host: torch.Tensor | None = None
+    offload_event: Any = None          # recorded after the last D2H copy
+    reload_event: Any = None           # recorded after the last H2D copy
+    reload_unwaited: bool = False      # the compute stream has not waited on reload_event yet
+
+    @property
+    def on_host(self) -> bool:
+        return self.host is not None and self.task.tensor.data_ptr() == self.host.data_ptr()
+
+
+class StateMover:
+    def __init__(self, device: Device, split_streams: bool = True):
+        self.device = device
+        self.d2h = device.new_stream()
+        self.h2d = device.new_stream() if split_streams else self.d2h
+
+    def offload(self, slots: Iterable[StateSlot]) -> list[StateSlot]:
+        """Start the D2H copies of the slots still on the device; returns those it started."""
+        slots = [slot for slot in slots if not slot.on_host]
+        if not slots:
+            return []
+        self.d2h.wait_stream(self.device.current_stream())
+        for slot in slots:
+            if slot.reload_unwaited:  # e.g. a skipped optimizer step: nothing waited on the reload yet
+                self.d2h.wait_event(slot.reload_event)
+                slot.reload_unwaited = False
+            if slot.host is None:
+                slot.host = self.device.pinned_like(slot.task.tensor)
+            device_data = slot.task.tensor.data
+            with self.device.use_stream(self.d2h):
+                slot.host.copy_(device_data, non_blocking=True)
+            self.device.keep_until_done(device_data, self.d2h)
+            slot.task.tensor.data = slot.host
+            if slot.offload_event is None:
+                slot.offload_event = self.device.new_event()
+            slot.offload_event.record(self.d2h)
+        return slots
+
+    def reload(self, slot: StateSlot) -> bool:
+        """Start the H2D copy of one slot if it is on the host; True if it started one."""
+        if not slot.on_host:
+            return False
+        compute = self.device.current_stream()
+        buffer = self.device.device_like(slot.host)  # from the compute stream's pool
+        self.h2d.wait_stream(compute)
+        if slot.offload_event is not None:
+            self.h2d.wait_event(slot.offload_event)
+        with self.device.use_stream(self.h2d):
+            buffer.copy_(slot.host, non_blocking=True)
+        if slot.reload_event is None:
+            slot.reload_event = self.device.new_event()
+        slot.reload_event.record(self.h2d)
+        slot.reload_unwaited = True
+        slot.task.tensor.data = buffer
+        return True
+
+    def wait_reloaded(self, slots: Iterable[StateSlot]) -> None:
+        """Make the compute stream wait (a stream wait, not a host wait) for the slots' pending reloads."""
+        pending = [slot for slot in slots if slot.reload_unwaited]
+        if not pending:
+            return
+        compute = self.device.current_stream()
+        for slot in pending:
+            compute.wait_event(slot.reload_event)
+            slot.reload_unwaited = False
+
+    def synchronize(self) -> None:
+        """Host wait for every copy issued so far (blocking mode, compile-time eviction)."""
+        self.d2h.synchronize()
+        if self.h2d is not self.d2h:
+            self.h2d.synchronize()
+
+    def evict_all(self, slots: Iterable[StateSlot]) -> int:
+        """Compile time: copy every slot out and wait, so profiling sees the emptied device. Returns bytes moved."""
+        started = self.offload(slots)
+        self.synchronize()
+        return sum(slot.task.nbytes for slot in started)

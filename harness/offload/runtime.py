@@ -1,0 +1,150 @@
+"""What the ops do when they run: the policy layer between the graph ops (ops.py) and the copies (mover.py).
+
+- mode `async`: the launch op offloads the planned states; each reload op brings one back; the end-of-backward op
+  brings back whatever is still out (at the compile step: the states the plan keeps resident, which the
+  capacity-first eviction took out) and, unless the per-sub-group gate is installed, makes the compute stream
+  wait for all reloads. With the gate, each ZeRO-3 sub-group's update waits only for its own states.
+- mode `blocking`: the launch op copies every state out and waits; reload ops do nothing; the end-of-backward op
+  copies every state back and waits (PR #8186's "blocking variant").
+- `empty_cache`: never | once_per_phase (at the first step after a plan is made) | per_step, applied by the op
+  at the head of the first forward graph.
+While DeepCompile profiles a graph the ops do nothing: profiling runs graphs node by node, sometimes many times.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from harness.offload import ops
+from harness.offload.mover import StateMover, StateSlot
+from harness.offload.states import StateTask
+
+logger = logging.getLogger(__name__)
+
+MODES = ("async", "blocking")
+EMPTY_CACHE_POLICIES = ("never", "once_per_phase", "per_step")
+
+
+class EmptyCachePolicy:
+    def __init__(self, policy: str, empty_cache: Callable[[], None]):
+        if policy not in EMPTY_CACHE_POLICIES:
+            raise ValueError(f"empty_cache policy must be one of {EMPTY_CACHE_POLICIES}, got {policy!r}")
+        self.policy = policy
+        self._empty_cache = empty_cache
+        self._pending = False
+
+    def arm(self) -> None:
+        """A plan was just made: once_per_phase empties the cache at the next step start."""
+        self._pending = True
+
+    def at_step_start(self) -> None:
+        if self.policy == "per_step" or (self.policy == "once_per_phase" and self._pending):
+            self._pending = False
+            self._empty_cache()
+            ops.COUNTERS.empty_cache_calls += 1
+
+
+class OffloadRuntime:
+    def __init__(self, mover: StateMover, mode: str, cache_policy: EmptyCachePolicy,
+                 is_profiling: Callable[[], bool] = lambda: False):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.mover = mover
+        self.blocking = mode == "blocking"
+        self.cache_policy = cache_policy
+        self.is_profiling = is_profiling
+        self.slots: dict[str, StateSlot] = {}      # task id -> slot, in step order
+        self.planned: frozenset[str] = frozenset()  # task ids the launch op offloads (async mode)
+        self.gated = False                          # a SubGroupGate calls before_sub_group_step
+        self.fallback_reloads = 0                   # states brought back outside a reload op, cumulative
+        self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
+        self._warned = False                        # one warning per plan about states found out of place
+
+    # ------------------------------------------------------------------ set-up (compile time)
+
+    def adopt(self, tasks: Iterable[StateTask]) -> None:
+        """Track these tasks, keeping the slot (and its pinned buffer) of any task seen before."""
+        slots = {}
+        for task in tasks:
+            known = self.slots.get(task.id)
+            slots[task.id] = known if known is not None and known.task.tensor is task.tensor else StateSlot(task)
+        self.slots = slots
+
+    def evict_all(self) -> int:
+        return self.mover.evict_all(self.slots.values())
+
+    def begin_phase(self) -> None:
+        """New graphs are being compiled: nothing is launched until their plan is made."""
+        self.planned = frozenset()
+        self._ends_since_plan = None
+
+    def finalize_plan(self, offloaded: Iterable[str]) -> None:
+        unknown = set(offloaded) - set(self.slots)
+        if unknown:
+            raise ValueError(f"plan offloads unknown tasks {sorted(unknown)}")
+        self.planned = frozenset(offloaded)
+        self._ends_since_plan = 0
+        self._warned = False
+        self.cache_policy.arm()
+
+    # ------------------------------------------------------------------ the ops
+
+    def run_op(self, entry: ops.OpEntry) -> None:
+        if self.is_profiling():
+            return
+        if entry.kind == ops.LAUNCH:
+            self._launch(entry.task_ids)
+        elif entry.kind == ops.RELOAD:
+            if not self.blocking:
+                self._reload(entry.task_ids)
+        elif entry.kind == ops.EMPTY_CACHE:
+            self.cache_policy.at_step_start()
+        elif entry.kind == ops.END_BACKWARD:
+            self._end_backward()
+
+    def _launch(self, task_ids: tuple[str, ...]) -> None:
+        wanted = task_ids if self.blocking else [task_id for task_id in task_ids if task_id in self.planned]
+        started = self.mover.offload(self.slots[task_id] for task_id in wanted if task_id in self.slots)
+        ops.COUNTERS.offload_launches += len(started)
+        ops.COUNTERS.offload_bytes += sum(slot.task.nbytes for slot in started)
+        if self.blocking:
+            self.mover.synchronize()
+
+    def _reload(self, task_ids: tuple[str, ...]) -> None:
+        for task_id in task_ids:
+            slot = self.slots.get(task_id)
+            if slot is not None and self.mover.reload(slot):
+                ops.COUNTERS.reloads += 1
+                ops.COUNTERS.reload_bytes += slot.task.nbytes
+
+    def _end_backward(self) -> None:
+        if self.blocking:
+            self._reload(tuple(self.slots))
+            self.mover.synchronize()
+        else:
+            self._bring_back(self.slots.values(), where="end of backward")
+            if not self.gated:
+                self.mover.wait_reloaded(self.slots.values())
+        if self._ends_since_plan is not None:
+            self._ends_since_plan += 1
+
+    # ------------------------------------------------------------------ the optimizer step
+
+    def before_sub_group_step(self, sub_group: int) -> None:
+        """ZeRO-3 is about to update this sub-group: its states must be (on their way) on the device, and the
+        compute stream must wait for their copies."""
+        slots = [slot for slot in self.slots.values() if slot.task.sub_group == sub_group]
+        self._bring_back(slots, where=f"optimizer step of sub-group {sub_group}")
+        self.mover.wait_reloaded(slots)
+
+    def _bring_back(self, slots: Iterable[StateSlot], where: str) -> None:
+        restored = [slot for slot in slots if self.mover.reload(slot)]
+        if not restored:
+            return
+        self.fallback_reloads += len(restored)
+        # The compile step restores the states the plan keeps resident; later, a state found out here means
+        # its reload op did not run (dropped by a compiler, or a graph without our ops).
+        if self._ends_since_plan and not self._warned:
+            self._warned = True
+            logger.warning("offload: %d optimizer state(s) were still on the host at the %s and were reloaded "
+                           "outside the graph (warned once per plan): %s", len(restored), where, [slot.task.id for slot in restored])

@@ -1,0 +1,46 @@
+"""The capacity-first compile schedule and the contracts our passes register under.
+
+Phase 0 (step 0): ZeRO-3 gather/release only; the optimizer states come to exist at step 0's optimizer step.
+Phase 1 (step 1): evict every state, then gather/release (which profiles the graph, now on the emptied device),
+then our planning pass. DeepCompile recompiles from the captured graph at each entry, so gather/release is
+listed again. Entries name passes by their registered names, which DeepCompile validates against the
+contracts before it resolves them to functions.
+"""
+from __future__ import annotations
+
+from deepspeed.compile.passes.contract import CAP_OPT_STATES_EVICTED, CAP_Z3_GATHER_RELEASE, PassContract
+
+from harness.offload.graph_pass import OffloadPass
+
+EVICT_PASS = "offload_harness_evict"
+PLAN_PASS = "offload_harness_plan"
+GATHER_RELEASE_PASS = "zero3_compile"  # deepspeed.compile.passes.zero3_compile.NAME
+PLANNING_STEP = 1
+
+# DeepSpeed's own passes that move the same optimizer states, or plan other offloads against the same budget.
+_EXCLUSIVE = frozenset({
+    "offload_adam_states", "offload_adam_states_sync", "offload_adam_states_for_init",
+    "offload_parameters", "offload_activation", "offload_activation_floor",
+})
+
+EVICT_CONTRACT = PassContract(provides=frozenset({CAP_OPT_STATES_EVICTED}), conflicts_with=_EXCLUSIVE, phase="fwd")
+# The plan is only as good as a profile taken after eviction and after the gather/release ops are in place.
+PLAN_CONTRACT = PassContract(requires=frozenset({CAP_OPT_STATES_EVICTED, CAP_Z3_GATHER_RELEASE}),
+                             conflicts_with=_EXCLUSIVE, phase="both")
+
+
+def build_schedule() -> list[tuple[int, list[str]]]:
+    return [
+        (0, [GATHER_RELEASE_PASS]),
+        (PLANNING_STEP, [EVICT_PASS, GATHER_RELEASE_PASS, PLAN_PASS]),
+    ]
+
+
+def phase_at(schedule: list[tuple[int, list]], global_step: int) -> int:
+    """Index of the schedule entry in force at this optimizer step."""
+    return max(index for index, (step, _) in enumerate(schedule) if step <= global_step)
+
+
+def register_passes(engine, offload_pass: OffloadPass) -> None:
+    engine.register_compile_pass(EVICT_PASS, offload_pass.evict, EVICT_CONTRACT)
+    engine.register_compile_pass(PLAN_PASS, offload_pass.plan, PLAN_CONTRACT)

@@ -1,0 +1,122 @@
+"""CPU stand-ins for the offload runtime's tests: a device whose streams and events log what they are asked to do,
+and a ZeRO-3-shaped optimizer."""
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+
+
+class FakeStream:
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: "FakeStream") -> None:
+        self.log.append(("wait_stream", self.name, other.name))
+
+    def wait_event(self, event: "FakeEvent") -> None:
+        self.log.append(("wait_event", self.name, event.name))
+
+    def synchronize(self) -> None:
+        self.log.append(("synchronize", self.name))
+
+
+class FakeEvent:
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def record(self, stream: FakeStream) -> None:
+        self.log.append(("record", self.name, stream.name))
+
+
+class FakeDevice:
+    """Host and "device" are both CPU memory; the mover tells them apart by which buffer a tensor views."""
+
+    def __init__(self):
+        self.log: list = []
+        self.compute = FakeStream("compute", self.log)
+        self._streams = 0
+        self._events = 0
+        self.pinned_allocations = 0
+        self.empty_cache_calls = 0
+        self.active_stream = self.compute
+
+    def current_stream(self) -> FakeStream:
+        return self.active_stream
+
+    def new_stream(self) -> FakeStream:
+        self._streams += 1
+        return FakeStream(f"copy{self._streams}", self.log)
+
+    def new_event(self) -> FakeEvent:
+        self._events += 1
+        return FakeEvent(f"event{self._events}", self.log)
+
+    @contextlib.contextmanager
+    def use_stream(self, stream: FakeStream):
+        previous, self.active_stream = self.active_stream, stream
+        try:
+            yield
+        finally:
+            self.active_stream = previous
+
+    def pinned_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.pinned_allocations += 1
+        return torch.empty(tensor.shape, dtype=tensor.dtype)
+
+    def device_like(self, host: torch.Tensor) -> torch.Tensor:
+        self.log.append(("allocate", self.active_stream.name, host.numel()))
+        return torch.empty(host.shape, dtype=host.dtype)
+
+    def keep_until_done(self, tensor: torch.Tensor, stream: FakeStream) -> None:
+        self.log.append(("record_stream", stream.name, tensor.numel()))
+
+    def empty_cache(self) -> None:
+        self.empty_cache_calls += 1
+
+
+class FakeZero3Optimizer:
+    """The parts of DeepSpeedZeroOptimizer_Stage3 the offload code reads: fp32 flat partitions per sub-group, the
+    inner optimizer's state keyed by them, and `_prepare_sub_group`."""
+
+    def __init__(self, sub_group_numels=(6, 4), states=("exp_avg", "exp_avg_sq")):
+        generator = torch.Generator().manual_seed(0)
+        self.fp32_partitioned_groups_flat = [torch.randn(n, generator=generator) for n in sub_group_numels]
+        self.optimizer = SimpleNamespace(state={
+            flat: {"step": torch.tensor(3.0), **{key: torch.randn(flat.numel(), generator=generator)
+                                                  for key in states}}
+            for flat in self.fp32_partitioned_groups_flat})
+        self.prepared: list[int] = []
+
+    def _prepare_sub_group(self, sub_group_id, timer_names):
+        self.prepared.append(sub_group_id)
+
+    def step(self) -> None:
+        """Each sub-group's turn, as ZeRO-3's step() takes them: prepare, then update the states in place."""
+        for sub_group_id, flat in enumerate(self.fp32_partitioned_groups_flat):
+            self._prepare_sub_group(sub_group_id, set())
+            flat.add_(1.0)
+            for value in self.optimizer.state[flat].values():
+                value.add_(1.0)
+
+    def snapshot(self) -> list[torch.Tensor]:
+        return [tensor.clone() for flat in self.fp32_partitioned_groups_flat
+                for tensor in [flat, *self.optimizer.state[flat].values()]]
+
+
+def init_deepspeed_on_cpu(monkeypatch) -> None:
+    """DeepSpeed's communication layer, world size 1 over gloo (initialized once per process; the rank variables
+    are set for every test, since deepspeed.initialize reads them)."""
+    import socket
+
+    import deepspeed
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(key, value)
+    if torch.distributed.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(sock.getsockname()[1]))
+    deepspeed.init_distributed(dist_backend="gloo")

@@ -1,0 +1,146 @@
+"""GPU tests of the offload arm through the harness CLI, on the probe model (one GPU, ~2-3 min per compiled run).
+
+    pytest -m gpu tests/test_offload_gpu.py -k partial      # baseline + ours at a partial budget + ds_offload
+    pytest -m gpu tests/test_offload_gpu.py -k "forced or warm or blocking"
+
+Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
+separate invocations share the deepcompile baseline. Each run gets its own inductor cache dir (inductor's cache
+key does not cover our ops), except the warm re-run, which reuses the forced-all run's on purpose.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.offload.plan import parse_profile
+
+pytestmark = pytest.mark.gpu
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROBE = ["model=probe_534m", "train.micro_batch=4", "train.seq_len=1024", "train.steps=10", "logger=none"]
+PARTIAL_BUDGET_GB = os.environ.get("OFFLOAD_GPU_PARTIAL_GB", "12")  # offloads ~half the states of the probe
+FORCED_ALL_GB = "0.000001"
+LOSS_REL_TOL = 1e-4
+MIN_STEPS = 8
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory) -> Path:
+    path = Path(os.environ["OFFLOAD_GPU_RUNS"]) if os.environ.get("OFFLOAD_GPU_RUNS") \
+        else tmp_path_factory.mktemp("offload_gpu_runs")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_point(runs_dir: Path, name: str, overrides: list[str], cache_of: str | None = None) -> Path:
+    """One harness run (or the earlier one of this name, if it finished ok); fails with the worker's log tail."""
+    run_dir = runs_dir / name
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists() and json.loads(summary_path.read_text())["status"] == "ok":
+        return run_dir
+    env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT),
+           "TORCHINDUCTOR_CACHE_DIR": str(runs_dir / f"{cache_of or name}.inductor_cache")}
+    command = [sys.executable, "-m", "harness.run", *PROBE, *overrides, f"hydra.run.dir={run_dir}"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if summary.get("status") != "ok":
+        log = run_dir / "worker.log"
+        tail = log.read_text()[-4000:] if log.exists() else result.stdout[-2000:] + result.stderr[-2000:]
+        pytest.fail(f"{name}: status {summary.get('status')} ({summary.get('reason')})\n{tail}")
+    return run_dir
+
+
+def steps(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines() if line.strip()]
+
+
+def steady_rows(run_dir: Path) -> list[dict]:
+    """Rows of the planning phase after its compile step."""
+    return [row for row in steps(run_dir) if row["phase"] == 1 and row["phase_step"] >= 1]
+
+
+def read_json(run_dir: Path, name: str) -> dict:
+    return json.loads((run_dir / name).read_text())
+
+
+def assert_same_losses(run_dir: Path, reference: Path) -> None:
+    ours, theirs = [row["loss"] for row in steps(run_dir)], [row["loss"] for row in steps(reference)]
+    assert len(ours) == len(theirs) >= MIN_STEPS
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+    assert worst <= LOSS_REL_TOL, f"losses differ by rel {worst:.2e}: {ours} vs {theirs}"
+
+
+def assert_plan_ran(run_dir: Path) -> dict:
+    """plan.json and profile.json were written, and every steady step moved exactly the planned states."""
+    plan = read_json(run_dir, "plan.json")
+    parse_profile(read_json(run_dir, "profile.json"))
+    rows = steady_rows(run_dir)
+    assert rows, "no steady steps in the planning phase"
+    for row in rows:
+        assert row["offload_launches"] == row["reloads"] == len(plan["offloaded"]), row
+        assert row["offload_bytes"] == row["reload_bytes"] == plan["offloaded_bytes"], row
+    return plan
+
+
+@pytest.fixture(scope="session")
+def baseline(runs_dir) -> Path:
+    return run_point(runs_dir, "deepcompile", ["arm=deepcompile"])
+
+
+def partial_run(runs_dir: Path) -> Path:
+    return run_point(runs_dir, "offload_partial", ["arm=offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}"])
+
+
+def forced_all_run(runs_dir: Path) -> Path:
+    return run_point(runs_dir, "offload_forced_all", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}"])
+
+
+def test_partial_budget_matches_deepcompile_losses(runs_dir, baseline):
+    run_dir = partial_run(runs_dir)
+    plan = assert_plan_ran(run_dir)
+    assert 0.2 <= plan["offloaded_bytes"] / plan["total_state_bytes"] <= 0.8, plan["offloaded_bytes"]
+    assert all(row["reloads"] > 0 for row in steady_rows(run_dir))
+    # once_per_phase (the default): one empty_cache, at the first step after the plan was made
+    assert [row["empty_cache_calls"] for row in steady_rows(run_dir)] == [1] + [0] * (len(steady_rows(run_dir)) - 1)
+    assert_same_losses(run_dir, baseline)
+
+
+def test_partial_budget_offloads_the_same_bytes_as_ds_offload(runs_dir):
+    ours = partial_run(runs_dir)
+    theirs = run_point(runs_dir, "ds_offload_partial", ["arm=ds_offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}"])
+    ours_bytes = read_json(ours, "worker.json")["planned_offload_bytes"]
+    assert ours_bytes == read_json(ours, "plan.json")["offloaded_bytes"]
+    assert ours_bytes == read_json(theirs, "worker.json")["planned_offload_bytes"]
+    assert_same_losses(ours, theirs)
+
+
+def test_forced_all_matches_deepcompile_losses(runs_dir, baseline):
+    run_dir = forced_all_run(runs_dir)
+    plan = assert_plan_ran(run_dir)
+    assert plan["offloaded_bytes"] == plan["total_state_bytes"] > 0
+    assert_same_losses(run_dir, baseline)
+
+
+def test_warm_inductor_cache_still_runs_the_ops(runs_dir):
+    cold = forced_all_run(runs_dir)
+    warm = run_point(runs_dir, "offload_forced_all_warm", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}"],
+                     cache_of="offload_forced_all")
+    plan = assert_plan_ran(warm)
+    assert plan["offloaded"] == read_json(cold, "plan.json")["offloaded"]
+    assert all(row["reloads"] > 0 for row in steady_rows(warm))
+    assert_same_losses(warm, cold)
+
+
+def test_blocking_mode_matches_deepcompile_losses(runs_dir, baseline):
+    run_dir = run_point(runs_dir, "offload_blocking", ["arm=offload", "offload.mode=blocking"])
+    plan = read_json(run_dir, "plan.json")
+    total_states = len(read_json(run_dir, "profile.json")["tasks"])
+    for row in steady_rows(run_dir):  # blocking moves every state whatever the plan says
+        assert row["offload_launches"] == row["reloads"] == total_states, row
+        assert row["offload_bytes"] == row["reload_bytes"] == plan["total_state_bytes"], row
+    assert_same_losses(run_dir, baseline)

@@ -1,0 +1,467 @@
+"""CPU tests of the offload runtime: op registration, the registry, task discovery, the mover's stream discipline,
+the runtime's modes and empty_cache policies, the config check, and a ZeRO-3 round trip on DeepSpeed's CPU path."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.fx
+
+from harness.errors import ConfigError
+from harness.offload import check_config, counters, ops
+from harness.offload.mover import StateMover
+from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
+from harness.offload.states import SubGroupGate, discover_tasks
+from offload_fakes import FakeDevice, FakeZero3Optimizer, init_deepspeed_on_cpu
+
+ops.register_ops()
+
+
+def make_runtime(optimizer, mode="async", empty_cache="never", streams="split", profiling=lambda: False):
+    device = FakeDevice()
+    runtime = OffloadRuntime(StateMover(device, split_streams=streams == "split"), mode,
+                             EmptyCachePolicy(empty_cache, device.empty_cache), profiling)
+    runtime.adopt(discover_tasks(optimizer))
+    return runtime, device
+
+
+@pytest.fixture
+def bound():
+    """Bind a runtime for the test and unbind it afterwards (the ops are process-global)."""
+    runtimes = []
+
+    def bind(runtime):
+        runtimes.append(runtime)
+        ops.bind_runtime(runtime)
+        return runtime
+
+    yield bind
+    ops.bind_runtime(None)
+
+
+def call(kind, task_ids=()):
+    ops.op(kind)(torch.zeros(1), ops.REGISTRY.add(kind, task_ids))
+
+
+# ---------------------------------------------------------------- ops
+
+
+@pytest.mark.parametrize("kind", ops.OP_NAMES)
+def test_ops_are_registered_ordered_and_side_effectful(kind):
+    overload = ops.op(kind)
+    assert str(overload._schema) == f"{ops.NAMESPACE}::{kind}(Tensor anchor, int idx) -> ()"
+    assert ops.effect_of(overload).name == "ORDERED"
+    assert overload in torch.fx.node._side_effectful_functions
+
+
+def test_ops_survive_fx_dead_code_elimination():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_function(ops.op(ops.RELOAD), (x, 0))
+    graph.output(x)
+    graph.eliminate_dead_code()
+    assert sum(ops.is_offload_op(node) for node in graph.nodes) == 1
+
+
+def test_meta_kernel_does_not_reach_the_runtime(bound):
+    seen = []
+    bound(type("Recorder", (), {"run_op": lambda self, entry: seen.append(entry)})())
+    ops.op(ops.LAUNCH)(torch.empty(3, device="meta"), ops.REGISTRY.add(ops.LAUNCH, ("0:fp32",)))
+    assert seen == []
+    call(ops.LAUNCH, ("0:fp32",))
+    assert [entry.task_ids for entry in seen] == [("0:fp32",)]
+
+
+def test_op_with_a_mismatched_index_or_no_runtime_fails_loudly(bound):
+    bound(type("Recorder", (), {"run_op": lambda self, entry: None})())
+    reload_index = ops.REGISTRY.add(ops.RELOAD, ("0:fp32",))
+    with pytest.raises(RuntimeError, match="holds a reload_state op"):
+        ops.op(ops.LAUNCH)(torch.zeros(1), reload_index)
+    ops.bind_runtime(None)
+    with pytest.raises(RuntimeError, match="no offload runtime bound"):
+        ops.op(ops.RELOAD)(torch.zeros(1), reload_index)
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def test_discover_tasks_lists_each_sub_group_in_step_order():
+    optimizer = FakeZero3Optimizer(sub_group_numels=(6, 4))
+    tasks = discover_tasks(optimizer)
+    assert [task.id for task in tasks] == ["0:fp32", "0:exp_avg", "0:exp_avg_sq", "1:fp32", "1:exp_avg", "1:exp_avg_sq"]
+    assert [task.nbytes for task in tasks] == [24, 24, 24, 16, 16, 16]
+
+
+def test_discover_tasks_skips_views_and_scalars():
+    optimizer = FakeZero3Optimizer(sub_group_numels=(6,))
+    # fp32 training: the master partition is a view of the model's flat buffer and must stay put
+    backing = torch.zeros(10)
+    view = backing.narrow(0, 0, 6)
+    optimizer.optimizer.state = {view: optimizer.optimizer.state[optimizer.fp32_partitioned_groups_flat[0]]}
+    optimizer.fp32_partitioned_groups_flat = [view]
+    assert [task.id for task in discover_tasks(optimizer)] == ["0:exp_avg", "0:exp_avg_sq"]
+
+
+# ---------------------------------------------------------------- mover
+
+
+def test_round_trip_restores_values_and_keeps_tensor_objects():
+    optimizer = FakeZero3Optimizer()
+    runtime, device = make_runtime(optimizer)
+    before = optimizer.snapshot()
+    objects = [id(task.tensor) for task in discover_tasks(optimizer)]
+    runtime.evict_all()
+    assert all(slot.on_host for slot in runtime.slots.values())
+    for slot in runtime.slots.values():
+        runtime.mover.reload(slot)
+    assert not any(slot.on_host for slot in runtime.slots.values())
+    assert [id(task.tensor) for task in discover_tasks(optimizer)] == objects
+    assert all(torch.equal(a, b) for a, b in zip(before, optimizer.snapshot()))
+
+
+def test_pinned_buffers_are_allocated_once_per_state():
+    optimizer = FakeZero3Optimizer()
+    runtime, device = make_runtime(optimizer)
+    for _ in range(3):
+        runtime.mover.offload(runtime.slots.values())
+        for slot in runtime.slots.values():
+            runtime.mover.reload(slot)
+    assert device.pinned_allocations == len(runtime.slots)
+
+
+def test_offload_waits_for_compute_and_ties_the_freed_block_to_the_copy_stream():
+    optimizer = FakeZero3Optimizer(sub_group_numels=(6,))
+    runtime, device = make_runtime(optimizer)
+    runtime.mover.offload(runtime.slots.values())
+    d2h = runtime.mover.d2h.name
+    assert device.log[0] == ("wait_stream", d2h, "compute")
+    assert [entry for entry in device.log if entry[0] == "record_stream"] == [("record_stream", d2h, 6)] * 3
+
+
+def test_reload_allocates_on_compute_and_waits_only_for_its_own_offload():
+    optimizer = FakeZero3Optimizer(sub_group_numels=(6,))
+    runtime, device = make_runtime(optimizer)
+    runtime.mover.offload(runtime.slots.values())
+    slot = runtime.slots["0:exp_avg"]
+    device.log.clear()
+    runtime.mover.reload(slot)
+    h2d = runtime.mover.h2d.name
+    assert device.log[:3] == [("allocate", "compute", 6), ("wait_stream", h2d, "compute"),
+                              ("wait_event", h2d, slot.offload_event.name)]
+    assert not any(entry[0] == "record_stream" for entry in device.log)  # no delayed frees for reload buffers
+    assert slot.reload_unwaited
+
+
+@pytest.mark.parametrize("streams, shared", [("split", False), ("single", True)])
+def test_streams_knob(streams, shared):
+    runtime, _ = make_runtime(FakeZero3Optimizer(), streams=streams)
+    assert (runtime.mover.d2h is runtime.mover.h2d) is shared
+
+
+def test_offload_of_an_unwaited_reload_waits_for_it_first():
+    runtime, device = make_runtime(FakeZero3Optimizer(sub_group_numels=(6,)))
+    slot = runtime.slots["0:fp32"]
+    runtime.mover.offload([slot])
+    runtime.mover.reload(slot)  # e.g. a skipped optimizer step: the compute stream never waited
+    device.log.clear()
+    runtime.mover.offload([slot])
+    assert ("wait_event", runtime.mover.d2h.name, slot.reload_event.name) in device.log
+
+
+# ---------------------------------------------------------------- runtime
+
+
+def plan_all(runtime, offloaded):
+    runtime.begin_phase()
+    runtime.finalize_plan(offloaded)
+
+
+def test_async_step_moves_only_planned_states_and_counts_them(bound):
+    optimizer = FakeZero3Optimizer()
+    runtime, device = make_runtime(optimizer)
+    bound(runtime)
+    SubGroupGate(optimizer, runtime.before_sub_group_step).install()
+    runtime.gated = True
+    all_ids = tuple(runtime.slots)
+    plan_all(runtime, ["1:fp32", "1:exp_avg", "1:exp_avg_sq"])
+    start = counters()
+    call(ops.LAUNCH, all_ids)
+    assert [slot.task.id for slot in runtime.slots.values() if slot.on_host] == ["1:fp32", "1:exp_avg", "1:exp_avg_sq"]
+    for task_id in ["1:fp32", "1:exp_avg", "1:exp_avg_sq"]:
+        call(ops.RELOAD, (task_id,))
+    call(ops.END_BACKWARD)
+    end = counters()
+    assert end["offload_launches"] - start["offload_launches"] == 3
+    assert end["reloads"] - start["reloads"] == 3
+    assert end["offload_bytes"] - start["offload_bytes"] == 3 * 16
+    assert end["reload_bytes"] - start["reload_bytes"] == 3 * 16
+    assert runtime.fallback_reloads == 0
+
+
+def test_gate_makes_each_sub_group_wait_only_for_its_own_reloads(bound):
+    optimizer = FakeZero3Optimizer()
+    runtime, device = make_runtime(optimizer)
+    bound(runtime)
+    SubGroupGate(optimizer, runtime.before_sub_group_step).install()
+    runtime.gated = True
+    plan_all(runtime, list(runtime.slots))
+    call(ops.LAUNCH, tuple(runtime.slots))
+    for task_id in runtime.slots:
+        call(ops.RELOAD, (task_id,))
+    device.log.clear()
+    call(ops.END_BACKWARD)
+    assert not any(entry[:2] == ("wait_event", "compute") for entry in device.log)  # no wait-for-all
+    before = optimizer.snapshot()
+    optimizer.step()
+    waits = [entry for entry in device.log if entry[:2] == ("wait_event", "compute")]
+    reload_events = {task_id: slot.reload_event.name for task_id, slot in runtime.slots.items()}
+    assert [event for _, _, event in waits] == [reload_events[t] for t in runtime.slots]
+    assert optimizer.prepared == [0, 1]
+    assert all(torch.equal(a + 1, b) for a, b in zip(before, optimizer.snapshot()) if a.numel() > 1)
+
+
+def test_without_gate_end_of_backward_makes_compute_wait_for_every_reload(bound):
+    runtime, device = make_runtime(FakeZero3Optimizer())
+    bound(runtime)
+    plan_all(runtime, list(runtime.slots))
+    call(ops.LAUNCH, tuple(runtime.slots))
+    for task_id in runtime.slots:
+        call(ops.RELOAD, (task_id,))
+    device.log.clear()
+    call(ops.END_BACKWARD)
+    assert sum(entry[:2] == ("wait_event", "compute") for entry in device.log) == len(runtime.slots)
+    assert not any(entry[0] == "synchronize" for entry in device.log)  # a stream wait, not a host wait
+
+
+def test_end_of_backward_restores_states_with_no_reload_op_and_warns_after_the_compile_step(bound, caplog):
+    optimizer = FakeZero3Optimizer()
+    runtime, device = make_runtime(optimizer)
+    bound(runtime)
+    runtime.evict_all()                 # capacity-first: everything out before profiling
+    plan_all(runtime, ["1:exp_avg"])     # the plan keeps the rest resident
+    call(ops.RELOAD, ("1:exp_avg",))
+    call(ops.END_BACKWARD)              # compile step: restores the resident states quietly
+    assert runtime.fallback_reloads == len(runtime.slots) - 1
+    assert not any(slot.on_host for slot in runtime.slots.values())
+    assert "reloaded outside the graph" not in caplog.text
+    call(ops.LAUNCH, tuple(runtime.slots))
+    call(ops.END_BACKWARD)              # steady state: the reload op did not run
+    assert not runtime.slots["1:exp_avg"].on_host
+    assert "reloaded outside the graph" in caplog.text
+
+
+def test_blocking_mode_moves_everything_and_waits_on_the_host(bound):
+    optimizer = FakeZero3Optimizer()
+    runtime, device = make_runtime(optimizer, mode="blocking")
+    bound(runtime)
+    plan_all(runtime, [])               # even a plan that offloads nothing
+    start = counters()
+    call(ops.LAUNCH, tuple(runtime.slots))
+    assert all(slot.on_host for slot in runtime.slots.values())
+    assert device.log[-1][0] == "synchronize"
+    call(ops.RELOAD, ("0:fp32",))        # reload ops do nothing in blocking mode
+    assert runtime.slots["0:fp32"].on_host
+    call(ops.END_BACKWARD)
+    assert not any(slot.on_host for slot in runtime.slots.values())
+    assert device.log[-1][0] == "synchronize"
+    end = counters()
+    assert end["offload_launches"] - start["offload_launches"] == len(runtime.slots)
+    assert end["reloads"] - start["reloads"] == len(runtime.slots)
+
+
+def test_ops_do_nothing_while_deepcompile_profiles(bound):
+    profiling = [True]
+    runtime, _ = make_runtime(FakeZero3Optimizer(), profiling=lambda: profiling[0])
+    bound(runtime)
+    plan_all(runtime, list(runtime.slots))
+    call(ops.LAUNCH, tuple(runtime.slots))
+    assert not any(slot.on_host for slot in runtime.slots.values())
+    profiling[0] = False
+    call(ops.LAUNCH, tuple(runtime.slots))
+    assert all(slot.on_host for slot in runtime.slots.values())
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ("never", [0, 0, 0, 0, 0, 0]),
+    ("once_per_phase", [0, 1, 0, 0, 1, 0]),
+    ("per_step", [1, 1, 1, 1, 1, 1]),
+])
+def test_empty_cache_calls_per_step(bound, policy, expected):
+    """Six steps: phase 1 plans at its compile step (step 0 here), phase 2 re-plans at step 3."""
+    optimizer = FakeZero3Optimizer()
+    runtime, device = make_runtime(optimizer, empty_cache=policy)
+    bound(runtime)
+    per_step = []
+    for step in range(6):
+        calls_before, counter_before = device.empty_cache_calls, counters()["empty_cache_calls"]
+        if step in (0, 3):
+            runtime.begin_phase()           # the compile step's forward runs before its plan exists
+        call(ops.EMPTY_CACHE)
+        call(ops.LAUNCH, tuple(runtime.slots))
+        if step in (0, 3):
+            runtime.finalize_plan(["1:fp32"])  # made while compiling this step's backward
+        call(ops.RELOAD, ("1:fp32",))
+        call(ops.END_BACKWARD)
+        optimizer.step()
+        per_step.append(device.empty_cache_calls - calls_before)
+        assert counters()["empty_cache_calls"] - counter_before == per_step[-1]
+    assert per_step == expected
+
+
+# ---------------------------------------------------------------- config
+
+
+DS_OK = {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}, "gradient_accumulation_steps": 1}
+OFFLOAD_OK = {"budget_gb": None, "budget_fraction": None, "margin": 0.2, "mode": "async",
+              "empty_cache": "once_per_phase", "streams": "split", "reload": "asap"}
+
+
+def with_change(base: dict, path: str, value):
+    changed = copy.deepcopy(base)
+    *parents, leaf = path.split(".")
+    node = changed
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return changed
+
+
+def test_check_config_accepts_the_default():
+    check_config(DS_OK, OFFLOAD_OK, grad_accum=1)
+
+
+@pytest.mark.parametrize("path, value, key", [
+    ("zero_optimization.stage", 2, "zero_optimization.stage"),
+    ("zero_optimization.offload_optimizer", {"device": "cpu"}, "zero_optimization.offload_optimizer"),
+    ("zero_optimization.offload_param", {"device": "nvme"}, "zero_optimization.offload_param"),
+    ("compile.deepcompile", False, "compile.deepcompile"),
+    ("compile.offload_opt_states", True, "compile.offload_opt_states"),
+    ("compile.offload_parameters", True, "compile.offload_parameters"),
+    ("compile.offload_activation", True, "compile.offload_activation"),
+    ("gradient_accumulation_steps", 4, "gradient_accumulation_steps"),
+])
+def test_check_config_refuses_combinations_that_cannot_work(path, value, key):
+    with pytest.raises(ConfigError) as error:
+        check_config(with_change(DS_OK, path, value), OFFLOAD_OK, grad_accum=1)
+    assert error.value.key == key
+
+
+def test_check_config_accepts_an_inert_offload_section():
+    check_config(with_change(DS_OK, "zero_optimization.offload_optimizer", {"device": "none"}), OFFLOAD_OK, 1)
+
+
+def test_check_config_refuses_gradient_accumulation():
+    with pytest.raises(ConfigError) as error:
+        check_config(DS_OK, OFFLOAD_OK, grad_accum=2)
+    assert error.value.key == "train.grad_accum"
+
+
+@pytest.mark.parametrize("key, value", [("mode", "sync"), ("empty_cache", "always"), ("streams", "dual"),
+                                        ("reload", "late"), ("margin", 1.5), ("budget_gb", -1.0)])
+def test_check_config_refuses_bad_knobs(key, value):
+    with pytest.raises(ConfigError) as error:
+        check_config(DS_OK, {**OFFLOAD_OK, key: value}, grad_accum=1)
+    assert error.value.key == f"offload.{key}"
+
+
+def test_check_config_names_a_missing_knob():
+    knobs = dict(OFFLOAD_OK)
+    del knobs["streams"]
+    with pytest.raises(ConfigError) as error:
+        check_config(DS_OK, knobs, grad_accum=1)
+    assert error.value.key == "offload.streams"
+
+
+# ---------------------------------------------------------------- ZeRO-3 on DeepSpeed's CPU path
+
+
+def _zero3_losses(steps: int, offload_from_step: int | None) -> tuple[list[float], dict]:
+    """Train a small model with DeepSpeed ZeRO-3 (CPU, world size 1). With offload_from_step, drive the runtime
+    as the compiled graphs would from that step on: evict, then per step launch -> forward -> backward -> reloads
+    -> end of backward -> step (gated per sub-group)."""
+    import deepspeed
+
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "zero_optimization": {"stage": 3, "sub_group_size": 300},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, "steps_per_print": 10**9}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    engine, *_ = deepspeed.initialize(config=cfg, model=model, model_parameters=model.parameters())
+    device = FakeDevice()
+    runtime = OffloadRuntime(StateMover(device), "async", EmptyCachePolicy("never", device.empty_cache))
+    SubGroupGate(engine.optimizer, runtime.before_sub_group_step).install()
+    runtime.gated = True
+    ops.bind_runtime(runtime)
+    generator = torch.Generator().manual_seed(1)
+    losses, seen = [], {"on_host_in_forward": [], "tasks": []}
+    try:
+        for step in range(steps):
+            x, y = torch.randn(2, 16, generator=generator), torch.randn(2, 4, generator=generator)
+            if step == offload_from_step:
+                runtime.adopt(discover_tasks(engine.optimizer))
+                runtime.evict_all()
+                runtime.begin_phase()
+                offloaded = [task_id for task_id in runtime.slots if not task_id.startswith("0:")]
+                seen["tasks"] = list(runtime.slots)
+                seen["runtime"] = runtime
+            if offload_from_step is not None and step >= offload_from_step:
+                call(ops.LAUNCH, tuple(runtime.slots))
+                seen["on_host_in_forward"].append(sorted(t for t, s in runtime.slots.items() if s.on_host))
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            if offload_from_step is not None and step >= offload_from_step:
+                if step == offload_from_step:
+                    runtime.finalize_plan(offloaded)
+                for task_id in offloaded:
+                    call(ops.RELOAD, (task_id,))
+                call(ops.END_BACKWARD)
+            engine.step()
+            losses.append(loss.item())
+    finally:
+        ops.bind_runtime(None)
+    return losses, seen
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
+def test_zero3_round_trip_keeps_the_losses_of_a_run_without_offload(monkeypatch):
+    init_deepspeed_on_cpu(monkeypatch)
+    baseline, _ = _zero3_losses(5, offload_from_step=None)
+    offloaded, seen = _zero3_losses(5, offload_from_step=1)
+    assert seen["tasks"] == ["0:fp32", "0:exp_avg", "0:exp_avg_sq", "1:fp32", "1:exp_avg", "1:exp_avg_sq"]
+    # step 1 is the compile step (everything evicted); later steps offload only the planned sub-group 1
+    assert seen["on_host_in_forward"] == [sorted(seen["tasks"])] + [["1:exp_avg", "1:exp_avg_sq", "1:fp32"]] * 3
+    assert offloaded == baseline
+    # only the compile step brought states back outside reload ops: sub-group 0, which the plan keeps resident
+    assert seen["runtime"].fallback_reloads == 3
+
+
+# ---------------------------------------------------------------- install (wiring only; CUDA calls stubbed)
+
+
+def test_install_registers_passes_binds_the_runtime_and_gates_the_optimizer(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import harness.offload as seam
+    from harness.offload import schedule
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=8 * 10**10))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    registered = {}
+    engine = SimpleNamespace(optimizer=FakeZero3Optimizer(), global_steps=1,
+                             register_compile_pass=lambda name, fn, contract: registered.update({name: (fn, contract)}))
+    with pytest.raises(ConfigError):
+        seam.install(engine, OFFLOAD_OK, None, str(tmp_path))
+    try:
+        compile_schedule = seam.install(engine, {**OFFLOAD_OK, "streams": "single"}, 12 * 10**9, str(tmp_path))
+        assert compile_schedule == schedule.build_schedule()
+        assert registered[schedule.EVICT_PASS][1] is schedule.EVICT_CONTRACT
+        assert registered[schedule.PLAN_PASS][1] is schedule.PLAN_CONTRACT
+        runtime = ops._runtime
+        assert runtime.gated and runtime.mover.d2h is runtime.mover.h2d
+        engine.optimizer._prepare_sub_group(0, set())  # the gate runs, then ZeRO-3's own preparation
+        assert engine.optimizer.prepared == [0]
+        assert seam.planned_offload_bytes() is None  # no plan yet
+    finally:
+        ops.bind_runtime(None)
