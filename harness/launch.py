@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,14 +20,17 @@ from typing import Any, Callable
 STATUSES = ("ok", "oom", "died", "timeout", "preempted", "skipped", "config_error")
 LOG_FILE = "worker.log"
 _KILL_GRACE_S = 10
+_POLL_S = 1.0  # how often the launch loop checks the timeout and the point's other nodes
 
 
 @dataclass
 class LaunchResult:
     returncode: int | None
     timed_out: bool
-    preempted: bool
     wall_time_s: float
+    stopped_as: str | None = None    # "preempted" | "timeout": a stop signal (SLURM) ended the point
+    stop_signal: str | None = None   # its name, e.g. SIGTERM
+    peer_failure: str | None = None  # another node of a multi-node point failed first
 
 
 def torchrun_command(run_dir: Path, launcher: dict[str, Any]) -> list[str]:
@@ -39,13 +43,24 @@ def torchrun_command(run_dir: Path, launcher: dict[str, Any]) -> list[str]:
     else:
         cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={launcher['rdzv_endpoint']}",
                 f"--rdzv_id={launcher.get('rdzv_id', 'harness')}"]
+        if launcher.get("dist_timeout_min"):  # a node that never joins fails the point, like a hung collective
+            cmd.append(f"--rdzv_conf=join_timeout={int(launcher['dist_timeout_min'] * 60)}")
     return cmd + ["-m", "harness.worker", str(run_dir)]
 
 
-def worker_env(cfg: dict[str, Any]) -> dict[str, str]:
+def worker_env(cfg: dict[str, Any], cuda: bool | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")
+    if cuda is None:
+        import torch
+        cuda = torch.cuda.is_available()
+    if not cuda:  # CPU ranks share a few cores: one thread each avoids oversubscription (10x slower steps)
+        env.setdefault("OMP_NUM_THREADS", "1")
+    # A dead peer or a hung collective must end the point (as `died`), not hang it: NCCL's watchdog tears
+    # the rank down once a collective outlives the process-group timeout (DeepSpeed reads it, in minutes).
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if cfg["launcher"].get("dist_timeout_min"):
+        env["DEEPSPEED_TIMEOUT"] = str(int(cfg["launcher"]["dist_timeout_min"]))
     if cfg["env"]["pytorch_cuda_alloc_conf"]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = cfg["env"]["pytorch_cuda_alloc_conf"]
     return env
@@ -62,42 +77,56 @@ def _pump(stream, log_path: Path, echo: Callable[[str], None]) -> None:
 
 
 def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: float,
-                echo: Callable[[str], None] = print) -> LaunchResult:
-    """Run torchrun to completion, or kill its whole process group at the timeout or on SIGTERM
-    (SLURM's preemption signal), recording which."""
-    preempted = threading.Event()
+                echo: Callable[[str], None] = print, *, log_name: str = LOG_FILE,
+                stop_signals: tuple[int, ...] = (signal.SIGTERM,),
+                name_stop: Callable[[int], str] = lambda signum: "preempted",
+                peer_failure: Callable[[], str | None] | None = None) -> LaunchResult:
+    """Run torchrun to completion, or kill its whole process group at the timeout, on a stop signal
+    (SLURM's preemption or time-limit warning; `name_stop` names the status) or when `peer_failure`
+    reports that another node of the point failed, recording which."""
+    stop: dict[str, str] = {}
+    with open(run_dir / log_name, "a") as log:  # which command each node ran heads its log
+        log.write(f"$ {shlex.join(cmd)}\n")
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    pump = threading.Thread(target=_pump, args=(proc.stdout, run_dir / LOG_FILE, echo), daemon=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, run_dir / log_name, echo), daemon=True)
     pump.start()
 
-    def on_sigterm(signum, frame):
-        preempted.set()
+    def on_stop(signum, frame):
+        stop.setdefault("status", name_stop(signum))
+        stop.setdefault("signal", signal.Signals(signum).name)
         _kill_group(proc)
 
-    previous = _install_sigterm(on_sigterm)
-    timed_out = False
+    previous = _install_handlers(stop_signals, on_stop)
+    timed_out, failed_peer = False, None
     try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
+        while proc.poll() is None:
+            timed_out = time.monotonic() - start >= timeout_s
+            failed_peer = None if timed_out or peer_failure is None else peer_failure()
+            if timed_out or failed_peer:
+                _kill_group(proc)
+                break
+            try:
+                proc.wait(timeout=min(_POLL_S, timeout_s - (time.monotonic() - start)))
+            except subprocess.TimeoutExpired:
+                continue
     finally:
-        _restore_sigterm(previous)
+        _restore_handlers(previous)
     pump.join(timeout=5)
-    return LaunchResult(proc.returncode, timed_out, preempted.is_set(), time.monotonic() - start)
+    return LaunchResult(proc.returncode, timed_out and not stop, time.monotonic() - start,
+                        stop.get("status"), stop.get("signal"), failed_peer)
 
 
-def _install_sigterm(handler):
+def _install_handlers(signums: tuple[int, ...], handler) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, handler)
+        return {}
+    return {signum: signal.signal(signum, handler) for signum in signums}
 
 
-def _restore_sigterm(previous) -> None:
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+def _restore_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -127,8 +156,8 @@ def rank_errors(run_dir: Path) -> list[dict]:
 
 def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wanted: int) -> tuple[str, str | None]:
     """(status, reason) of a finished launch."""
-    if result.preempted:
-        return "preempted", f"SIGTERM after {steps_completed} of {steps_wanted} steps"
+    if result.stopped_as:
+        return result.stopped_as, f"{result.stop_signal} after {steps_completed} of {steps_wanted} steps"
     if result.timed_out:
         return "timeout", f"no end after {result.wall_time_s:.0f} s ({steps_completed} of {steps_wanted} steps)"
     errors = rank_errors(run_dir)
@@ -137,6 +166,8 @@ def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wa
         return "oom", f"rank {ooms[0].get('rank')}: {ooms[0]['message']}"
     if result.returncode == 0 and steps_completed == steps_wanted:
         return "ok", None
+    if result.peer_failure:  # the cause; this node's rank errors are its symptoms
+        return "died", result.peer_failure
     if errors:
         return "died", f"rank {errors[0].get('rank')}: {errors[0]['message']}"
     return "died", _failure_from_log(run_dir / LOG_FILE) or f"torchrun exit code {result.returncode}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))  # conf/config.yaml puts t
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness import arms, launch  # noqa: E402
+from harness import arms, cluster, launch  # noqa: E402
 from harness.envinfo import collect_env  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.metrics import summarize_phases  # noqa: E402
@@ -28,6 +29,7 @@ from harness.validate import check_group_choices, validate  # noqa: E402
 from harness.worker import WORKER_FILE  # noqa: E402
 
 CONFIG_ERROR_EXIT_CODE = 2
+PLAN_ONLY = "plan_only=true"  # on the command line: print the sweep's plan instead of running it
 
 
 def build_summary(config: dict, status: str, reason: str | None, rows: list[dict], wall_time_s: float,
@@ -51,21 +53,30 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def run_point(config: dict, run_dir: Path) -> dict[str, Any]:
-    """Launch one validated point and return its summary (written to run_dir/summary.json)."""
+def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str, Any]:
+    """Launch this node's ranks of one validated point and return the point's summary (node 0 writes
+    it to run_dir/summary.json; every node of a multi-node point runs this)."""
     env = collect_env(config)
-    write_json_atomic(run_dir / "env.json", env)
+    if place.primary:
+        write_json_atomic(run_dir / "env.json", env)
     spec = arms.arm_spec(config["arm"]["name"])
-    if spec.needs_cuda and not _gpu_count():
+    gpus = _gpu_count()
+    if spec.needs_cuda and not gpus:
         return build_summary(config, "skipped", f"arm {spec.name} needs CUDA; this machine has no GPU", [], 0.0, {})
 
-    cmd = launch.torchrun_command(run_dir, config["launcher"])
-    result = launch.run_workers(cmd, launch.worker_env(config), run_dir, config["launcher"]["timeout_s"])
+    cmd, worker_env = cluster.node_command(config, run_dir, place)
+    multinode = config["launcher"]["nnodes"] > 1
+    result = launch.run_workers(
+        cmd, worker_env, run_dir, config["launcher"]["timeout_s"], log_name=cluster.log_name(place),
+        stop_signals=cluster.stop_signals(), name_stop=lambda signum: cluster.stop_status(signum, place, time.time()),
+        peer_failure=cluster.peer_failure_watch(run_dir, place) if multinode else None)
+    if multinode and result.returncode != 0 and not (result.peer_failure or result.stopped_as or result.timed_out):
+        cluster.write_node_failure(run_dir, place, result.returncode)  # the other nodes stop at once
     rows = read_jsonl(run_dir / STEPS_FILE)
     status, reason = launch.classify(result, run_dir, len(rows), config["train"]["steps"])
     facts_path = run_dir / WORKER_FILE
     facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
-    if facts:  # the ranks know the world they ran in
+    if facts and place.primary:  # the ranks know the world they ran in
         env.update(world_size=facts["world_size"], hostnames=facts["hostnames"])
         write_json_atomic(run_dir / "env.json", env)
     return build_summary(config, status, reason, rows, result.wall_time_s, facts)
@@ -94,23 +105,33 @@ def drive(cfg: DictConfig) -> str:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     config = OmegaConf.to_container(cfg, resolve=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    place = cluster.this_node()  # only global node 0's driver records the point
+    if place.primary:
+        cluster.set_aside_previous_attempt(run_dir)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     try:
         validate(config, _gpu_count())
+        cluster.check_allocation(config["launcher"], place)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
-        write_json_atomic(run_dir / SUMMARY_FILE, build_summary(config, "config_error", str(error), [], 0.0, {}))
+        if place.primary:
+            write_json_atomic(run_dir / SUMMARY_FILE,
+                              build_summary(config, "config_error", str(error), [], 0.0, {}))
         if not multirun:
             sys.exit(CONFIG_ERROR_EXIT_CODE)
         return "config_error"
 
-    summary = run_point(config, run_dir)
+    summary = run_point(config, run_dir, place)
+    if not place.primary:
+        return summary["status"]
     write_json_atomic(run_dir / SUMMARY_FILE, summary)
     if config["logger"]["name"] == "wandb":
         env = json.loads((run_dir / "env.json").read_text())
         mirror_to_wandb(run_dir, config["logger"], config, read_jsonl(run_dir / STEPS_FILE), summary, env,
                         group=config["sweep"]["name"])
     print_phase_table(summary)
+    if summary["status"] == "preempted" and config["launcher"].get("requeue") and cluster.requeue_job(place):
+        sys.exit(os.EX_TEMPFAIL)  # SLURM runs the job again; submitit waits for it instead of a result
     return summary["status"]
 
 
@@ -120,9 +141,15 @@ def hydra_app(cfg: DictConfig) -> str:
 
 
 def main() -> None:
-    """Console entry: reject unknown group options in one line, then hand the command line to Hydra."""
+    """Console entry: reject unknown group options in one line, then hand the command line to Hydra
+    (or, with plan_only=true, print the plan of the points without launching anything)."""
+    args = sys.argv[1:]
     try:
-        check_group_choices(sys.argv[1:], REPO_ROOT)
+        check_group_choices(args, REPO_ROOT)
+        if PLAN_ONLY in args:
+            multirun = "-m" in args or "--multirun" in args
+            cluster.print_plan([a for a in args if a not in (PLAN_ONLY, "-m", "--multirun")], multirun)
+            return
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)

@@ -8,7 +8,7 @@ from harness.budget import check_budget_keys
 from harness.errors import ConfigError
 from harness.models import FAMILIES
 
-FAULTS = (None, "kill", "oom", "hang")
+FAULTS = (None, "kill", "oom", "hang", "slow")
 LOGGERS = ("wandb", "none")
 _POSITIVE_TRAIN_KEYS = ("steps", "micro_batch", "seq_len", "grad_accum")
 

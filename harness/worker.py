@@ -83,6 +83,13 @@ def inject_fault(cfg: dict, step: int, rank: int) -> None:
             time.sleep(60)
 
 
+def slow_down(cfg: dict, step: int, rank: int) -> None:
+    """debug.fault=slow: this rank sleeps inside the timed step, so only a max over ranks shows it."""
+    debug = cfg["debug"]
+    if debug["fault"] == "slow" and step == debug["fault_step"] and rank == debug["fault_rank"]:
+        time.sleep(debug["fault_sleep_s"])
+
+
 class OffloadCounters:
     """Per-step deltas of an arm's cumulative offload counters (None for arms without them)."""
 
@@ -146,6 +153,7 @@ def run(cfg: dict, run_dir: Path) -> None:
             engine.backward(loss)
             engine.step()
             loss_sum += loss.detach().float()
+        slow_down(cfg, step, rank)
         synchronize(device)  # the one sync per step: the time covers all queued device work
         step_time = time.perf_counter() - start
         record = {"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
