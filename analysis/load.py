@@ -16,6 +16,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from harness.sinks import job_order
+
 STATUSES = ("ok", "oom", "died", "timeout", "preempted", "skipped", "config_error")
 OK = "ok"
 
@@ -127,19 +129,13 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
         step_frames.append(steps)
     points = pd.DataFrame(rows)
     if not points.empty:
-        points = points.sort_values("run_dir", key=lambda dirs: dirs.map(_job_order), kind="stable")
+        points = points.sort_values("run_dir", key=lambda dirs: dirs.map(job_order), kind="stable")
     return Sweep(points=points.reset_index(drop=True), steps=_concat(step_frames), problems=problems)
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     frames = [frame for frame in frames if not frame.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def _job_order(run_dir: str) -> tuple[int, str]:
-    """Hydra names run dirs '<job num>_<overrides>': order by job number, not by text."""
-    match = re.match(r"(\d+)", Path(run_dir).name)
-    return (int(match.group(1)) if match else -1, run_dir)
 
 
 def _read_index(sweep_dir: Path, problems: list[Problem]) -> dict[str, list[str]]:

@@ -97,14 +97,16 @@ def slurm_hostnames(nodelist: str) -> list[str]:
     return expand_nodelist(nodelist)
 
 
-def this_node(environ: Mapping[str, str] = os.environ) -> NodePlace:
-    """Read the SLURM job environment of this task (one task per node); node 0 of 1 without SLURM."""
+def this_node(environ: Mapping[str, str] = os.environ, nnodes: int | None = None) -> NodePlace:
+    """Read the SLURM job environment of this task (one task per node); node 0 of 1 without SLURM.
+    A single-node point (`nnodes=1`) is always its own node 0, whichever node of an allocation runs it."""
     if "SLURM_JOB_ID" not in environ:
         return NodePlace(0, 1, (socket.gethostname(),))
+    node_rank = 0 if nnodes == 1 else int(environ.get("SLURM_NODEID", 0))
     array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
     end_time = environ.get("SLURM_JOB_END_TIME")
     return NodePlace(
-        node_rank=int(environ.get("SLURM_NODEID", 0)),
+        node_rank=node_rank,
         nnodes=int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", 1))),
         hosts=tuple(slurm_hostnames(environ.get("SLURM_JOB_NODELIST", socket.gethostname()))),
         job_id=environ["SLURM_JOB_ID"],

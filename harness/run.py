@@ -105,7 +105,7 @@ def drive(cfg: DictConfig) -> str:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     config = OmegaConf.to_container(cfg, resolve=True)
-    place = cluster.this_node()  # only global node 0's driver records the point
+    place = cluster.this_node(nnodes=config["launcher"]["nnodes"])  # only global node 0's driver records the point
     if place.primary:
         cluster.set_aside_previous_attempt(run_dir)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

@@ -126,12 +126,14 @@ def write_sweep_index(sweep_dir: Path) -> Path:
 
 def iter_run_dirs(sweep_dir: Path) -> list[Path]:
     """Run dirs of a sweep (those with a summary), in Hydra job order."""
-    return sorted((p.parent for p in Path(sweep_dir).glob(f"*/{SUMMARY_FILE}")), key=_job_order)
+    return sorted((p.parent for p in Path(sweep_dir).glob(f"*/{SUMMARY_FILE}")), key=job_order)
 
 
-def _job_order(run_dir: Path) -> tuple[int, str]:
-    head = run_dir.name.split("_", 1)[0]
-    return (int(head) if head.isdigit() else 1 << 30, run_dir.name)
+def job_order(run_dir: str | Path) -> tuple[int, str]:
+    """Hydra names run dirs '<job num>_<overrides>': order by job number, not by text (others last)."""
+    name = Path(run_dir).name
+    head = name.split("_", 1)[0]
+    return (int(head) if head.isdigit() else 1 << 30, name)
 
 
 class SweepIndexCallback(Callback):

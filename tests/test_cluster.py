@@ -63,6 +63,9 @@ def test_this_node_reads_the_slurm_job():
     assert (place.node_rank, place.nnodes, place.hosts) == (1, 2, ("gpu11", "gpu12"))
     assert (place.job_id, place.requeue_id, place.attempt, place.end_time) == ("981", "975_6", 2, 1.7e9)
     assert not place.primary
+    single_node_point = cluster.this_node({"SLURM_JOB_ID": "981", "SLURM_JOB_NODELIST": "gpu[11-12]",
+                                           "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}, nnodes=1)
+    assert single_node_point.primary and single_node_point.job_id == "981"  # records itself, keeps SLURM facts
     alone = cluster.this_node({})
     assert alone.primary and alone.nnodes == 1 and alone.job_id is None
 

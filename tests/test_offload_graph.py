@@ -180,7 +180,9 @@ def test_a_reload_planned_after_a_view_is_anchored_on_the_next_computation(tmp_p
     assert not is_compute_anchor(next(n for n in bwd.graph.nodes if n.name == view_name))
     harness.pass_.budget_bytes = 10**6
     peaks = {name: (10**6 if name == view_name else 1) for name in names}
-    harness.pass_._builder.add(1, False, [{"name": n, "peak_bytes": 1} for n in profiled_node_names(fwd.graph)], True)
+    # forward peaks at the budget leave no room for resident states: everything is offloaded
+    harness.pass_._builder.add(1, False, [{"name": n, "peak_bytes": 10**6} for n in profiled_node_names(fwd.graph)],
+                               True)
     harness.run(bwd, 1, [(1, True)], bwd=True, peaks=peaks)
     placements = read_plan(tmp_path)["placements"]
     assert placements and all(placement["after_node"] == view_name for placement in placements)

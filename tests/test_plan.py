@@ -18,8 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SMALL_PROFILE_PATH = REPO_ROOT / "tests" / "data" / "profile_small.json"
 
 # profile_small.json, in execution order (graph 1 is the second forward graph, so its backward runs first):
-#   fwd 0: embed 10, mm0 30 | fwd 1: mm1 40, loss 45 | bwd 1: loss_bwd 60, mm1_bwd 50 | bwd 0: mm0_bwd 35, embed_bwd 20
-#   floor = 60, last backward peak = 20
+#   fwd 0: embed 10, mm0 30 | fwd 1: mm1 40, loss 45 | bwd 1: loss_bwd 52, mm1_bwd 50 | bwd 0: mm0_bwd 35, embed_bwd 16
+#   forward peak = 45 (sizes the resident set), floor = 52 (loss_bwd), last backward peak = 16
 #   tasks: 0:exp_avg 8, 0:exp_avg_sq 8, 0:hp_param 8, 1:exp_avg 4, 1:exp_avg_sq 4, 1:hp_param 4 -> total 36
 TASK_IDS = ["0:exp_avg", "0:exp_avg_sq", "0:hp_param", "1:exp_avg", "1:exp_avg_sq", "1:hp_param"]
 
@@ -33,69 +33,120 @@ def reload_points(plan: dict) -> list[tuple[str, int, str]]:
     return [(reload["task"], reload["graph_id"], reload["after_node"]) for reload in plan["reloads"]]
 
 
+def two_graph_profile(forward_peaks: list[int], backward_peaks: list[int], task_bytes: dict[str, int]) -> dict:
+    """One forward and one backward graph; forward nodes f0.., backward nodes b0.."""
+    def nodes(prefix: str, peaks: list[int]) -> list[dict]:
+        return [{"name": f"{prefix}{index}", "peak_bytes": peak} for index, peak in enumerate(peaks)]
+    return {"graph_order": [[0, False], [0, True]],
+            "graphs": [{"graph_id": 0, "bwd": False, "nodes": nodes("f", forward_peaks)},
+                       {"graph_id": 0, "bwd": True, "nodes": nodes("b", backward_peaks)}],
+            "tasks": [{"id": task_id, "bytes": size} for task_id, size in task_bytes.items()]}
+
+
 # ---------------------------------------------------------------- exact plans
 
 
 def test_budget_above_floor_plus_states_offloads_nothing(small_profile):
     plan = make_plan(small_profile, 100)
-    # 60 + 36 = 96 <= 100: everything stays; the peak is the floor node with all states on top.
+    # 45 + 36 = 81 <= 100: everything stays; the peak is loss_bwd with all states on top, 52 + 36 = 88.
     assert plan["offloaded"] == [] and plan["reloads"] == []
     assert (plan["resident_bytes"], plan["offloaded_bytes"], plan["total_state_bytes"]) == (36, 0, 36)
-    assert (plan["floor_bytes"], plan["predicted_peak_bytes"], plan["feasible"]) == (60, 96, True)
+    assert (plan["forward_peak_bytes"], plan["floor_bytes"]) == (45, 52)
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (88, True)
 
 
 def test_partial_budget_keeps_a_prefix_and_reloads_as_early_as_fits(small_profile):
-    plan = make_plan(small_profile, 80, "asap")
-    # Headroom 80 - 60 = 20 keeps 8 + 8; the next 8 does not fit in the 4 left, and the planner stops there
+    plan = make_plan(small_profile, 68, "asap")
+    # Headroom 68 - 45 = 23 keeps 8 + 8; the next 8 does not fit in the 7 left, and the planner stops there
     # even though 1:exp_avg (4) would fit after it.
     assert plan["offloaded"] == TASK_IDS[2:]
     assert (plan["resident_bytes"], plan["offloaded_bytes"]) == (16, 20)
-    # After loss_bwd the later peak is 50: 50+16+8 = 74 <= 80 and 50+16+12 = 78 <= 80 fit, 50+16+16 = 82 does not.
-    # After mm1_bwd the later peak is 35: 35+16+16 = 67 and 35+16+20 = 71 fit.
-    assert reload_points(plan) == [("0:hp_param", 1, "loss_bwd"), ("1:exp_avg", 1, "loss_bwd"),
-                                   ("1:exp_avg_sq", 1, "mm1_bwd"), ("1:hp_param", 1, "mm1_bwd")]
+    # After loss_bwd the later peak is 50: 50+16+8 = 74 > 68, nothing. After mm1_bwd the later peak is 35:
+    # 35+16+8 = 59, 35+24+4 = 63, 35+28+4 = 67 fit, 35+32+4 = 71 does not. After mm0_bwd (later 16): 16+32+4 = 52.
+    assert reload_points(plan) == [("0:hp_param", 1, "mm1_bwd"), ("1:exp_avg", 1, "mm1_bwd"),
+                                   ("1:exp_avg_sq", 1, "mm1_bwd"), ("1:hp_param", 0, "mm0_bwd")]
     assert all(reload["bwd"] is True for reload in plan["reloads"])
-    # Node costs: forward up to 45+16 = 61, loss_bwd 60+16 = 76, mm1_bwd 50+16+12 = 78, mm0_bwd 35+36 = 71,
-    # embed_bwd 20+36 = 56, end 20+36 = 56.
-    assert (plan["predicted_peak_bytes"], plan["feasible"], plan["reload_policy"]) == (78, True, "asap")
+    # Node costs: forward up to 45+16 = 61, loss_bwd 52+16 = 68, mm1_bwd 50+16 = 66, mm0_bwd 35+32 = 67,
+    # embed_bwd 16+36 = 52, end 16+36 = 52.
+    assert (plan["predicted_peak_bytes"], plan["feasible"], plan["reload_policy"]) == (68, True, "asap")
 
 
 def test_at_end_reloads_everything_after_the_last_backward_node(small_profile):
-    plan = make_plan(small_profile, 80, "at_end")
+    plan = make_plan(small_profile, 68, "at_end")
     assert plan["offloaded"] == TASK_IDS[2:]
     assert reload_points(plan) == [(task, 0, "embed_bwd") for task in TASK_IDS[2:]]
-    # max(floor + resident, last peak + total) = max(60+16, 20+36)
-    assert (plan["predicted_peak_bytes"], plan["feasible"], plan["reload_policy"]) == (76, True, "at_end")
+    # max(floor + resident, last peak + total) = max(52+16, 16+36)
+    assert (plan["predicted_peak_bytes"], plan["feasible"], plan["reload_policy"]) == (68, True, "at_end")
+
+
+def test_resident_set_is_sized_by_the_forward_peak_not_the_backward_one(small_profile):
+    # Headroom 66 - 45 = 21 keeps 8 + 8 (against the floor, 66 - 52 = 14 would keep one 8).
+    plan = make_plan(small_profile, 66)
+    assert plan["offloaded"] == TASK_IDS[2:] and plan["resident_bytes"] == 16
+    # After loss_bwd (later 50): 50+16+8 = 74 > 66. After mm1_bwd (later 35): 59 and 63 fit, 67 does not.
+    # After mm0_bwd (later 16): 16+28+4 = 48 and 52 fit.
+    assert reload_points(plan) == [("0:hp_param", 1, "mm1_bwd"), ("1:exp_avg", 1, "mm1_bwd"),
+                                   ("1:exp_avg_sq", 0, "mm0_bwd"), ("1:hp_param", 0, "mm0_bwd")]
+    # loss_bwd holds 52 + 16 = 68 > 66 whatever the reloads do; every other node fits (mm1_bwd 50+16 = 66,
+    # mm0_bwd 35+28 = 63, embed_bwd 16+36 = 52).
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (68, False)
+    _, per_node = simulate(small_profile, plan)
+    assert [cost > 66 for cost in per_node] == [False] * 4 + [True] + [False] * 3
+    # Forward peak + all states = 81: nothing is offloaded, though backward then needs 52 + 36 = 88.
+    keep_all = make_plan(small_profile, 81)
+    assert keep_all["offloaded"] == [] and (keep_all["predicted_peak_bytes"], keep_all["feasible"]) == (88, False)
+
+
+def test_reloads_wait_until_the_nodes_that_overflow_anyway_have_run():
+    profile = two_graph_profile([4], [10, 9, 1], {"a": 3, "b": 3})
+    plan = make_plan(profile, 8)
+    # Headroom 8 - 4 = 4 keeps a (the floor, 10, would keep nothing). b0 and b1 overflow with a alone (13, 12):
+    # after b0 (later 9) 9+3+3 = 15 > 8; after b1 (later 1) 1+3+3 = 7 fits.
+    assert plan["offloaded"] == ["b"]
+    assert reload_points(plan) == [("b", 0, "b1")]
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (13, False)
+    # With b1 the last node, no node before the end has room: the reload goes after the last node.
+    profile = two_graph_profile([4], [10, 9], {"a": 3, "b": 3})
+    plan = make_plan(profile, 8)
+    assert plan["offloaded"] == ["b"] and reload_points(plan) == [("b", 0, "b1")]
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (15, False)  # end: 9 + 6
+
+
+def test_more_budget_can_lose_feasibility():
+    profile = two_graph_profile([2], [8, 0], {"a": 1, "b": 8})
+    # Budget 9: headroom 7 keeps a; b comes back after b0 (later 0): 0+1+8 = 9. Costs: b0 8+1, b1 9, end 9.
+    fits = make_plan(profile, 9)
+    assert fits["offloaded"] == ["b"] and (fits["predicted_peak_bytes"], fits["feasible"]) == (9, True)
+    # Budget 11: headroom 9 keeps both, and b0 then holds 8 + 9 = 17.
+    overflows = make_plan(profile, 11)
+    assert overflows["offloaded"] == [] and (overflows["predicted_peak_bytes"], overflows["feasible"]) == (17, False)
 
 
 def test_budget_equal_to_floor_offloads_all_and_fits_exactly(small_profile):
-    plan = make_plan(small_profile, 60)
+    plan = make_plan(small_profile, 52)
+    # Headroom 52 - 45 = 7 keeps nothing.
     assert plan["offloaded"] == TASK_IDS and plan["resident_bytes"] == 0
-    # loss_bwd (later 50): 50+8 = 58 fits, 50+16 does not. mm1_bwd (later 35): 35+16 = 51, 35+24 = 59 fit, 63 not.
-    # mm0_bwd (later 20): 20+28, 20+32, 20+36 fit.
-    assert reload_points(plan) == [("0:exp_avg", 1, "loss_bwd"), ("0:exp_avg_sq", 1, "mm1_bwd"),
-                                   ("0:hp_param", 1, "mm1_bwd"), ("1:exp_avg", 0, "mm0_bwd"),
+    # loss_bwd (later 50): 50+8 = 58 does not fit. mm1_bwd (later 35): 35+8 = 43, 35+16 = 51 fit, 59 not.
+    # mm0_bwd (later 16): 16+24, 16+28, 16+32, 16+36 fit.
+    assert reload_points(plan) == [("0:exp_avg", 1, "mm1_bwd"), ("0:exp_avg_sq", 1, "mm1_bwd"),
+                                   ("0:hp_param", 0, "mm0_bwd"), ("1:exp_avg", 0, "mm0_bwd"),
                                    ("1:exp_avg_sq", 0, "mm0_bwd"), ("1:hp_param", 0, "mm0_bwd")]
-    # loss_bwd 60, mm1_bwd 50+8, mm0_bwd 35+24, embed_bwd 20+36, end 20+36
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (60, True)
+    # loss_bwd 52, mm1_bwd 50, mm0_bwd 35+16, embed_bwd 16+36, end 16+36
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (52, True)
 
 
 def test_budget_below_floor_is_infeasible_and_still_offloads_all(small_profile):
     plan = make_plan(small_profile, 50)
     assert plan["offloaded"] == TASK_IDS
-    # mm1_bwd (later 35): 35+8 = 43 fits, 51 not. mm0_bwd (later 20): 36, 44, 48 fit, 52 not. The rest go last.
+    # mm1_bwd (later 35): 35+8 = 43 fits, 51 not. mm0_bwd (later 16): 32, 40, 44, 48 fit, 52 not. The rest go last.
     assert reload_points(plan) == [("0:exp_avg", 1, "mm1_bwd"), ("0:exp_avg_sq", 0, "mm0_bwd"),
                                    ("0:hp_param", 0, "mm0_bwd"), ("1:exp_avg", 0, "mm0_bwd"),
-                                   ("1:exp_avg_sq", 0, "embed_bwd"), ("1:hp_param", 0, "embed_bwd")]
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (60, False)  # loss_bwd alone is 60
+                                   ("1:exp_avg_sq", 0, "mm0_bwd"), ("1:hp_param", 0, "embed_bwd")]
+    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (52, False)  # loss_bwd alone, and the end
 
 
 def test_states_that_cannot_all_return_make_the_plan_infeasible():
-    profile = {"graph_order": [[0, False], [0, True]],
-               "graphs": [{"graph_id": 0, "bwd": False, "nodes": [{"name": "f", "peak_bytes": 5}]},
-                          {"graph_id": 0, "bwd": True, "nodes": [{"name": "b0", "peak_bytes": 10},
-                                                                  {"name": "b1", "peak_bytes": 8}]}],
-               "tasks": [{"id": "a", "bytes": 6}, {"id": "b", "bytes": 6}]}
+    profile = two_graph_profile([10], [10, 8], {"a": 6, "b": 6})
     plan = make_plan(profile, 14)
     # Headroom 14 - 10 = 4 keeps nothing. After b0 (later 8): 8+6 = 14 fits exactly, 8+12 = 20 does not; b goes last.
     assert plan["offloaded"] == ["a", "b"]
@@ -111,7 +162,7 @@ def test_make_plan_leaves_its_input_alone(small_profile):
 
 
 def test_plan_json_is_stable(small_profile):
-    text = plan_to_json(make_plan(small_profile, 80))
+    text = plan_to_json(make_plan(small_profile, 68))
     assert text == plan_to_json(json.loads(text))
     assert list(json.loads(text)) == sorted(json.loads(text))
 
@@ -159,7 +210,7 @@ BAD_PROFILES = [
 def test_bad_profiles_name_the_key(small_profile, mutate, key):
     mutate(small_profile)
     with pytest.raises(ConfigError) as error:
-        make_plan(small_profile, 80)
+        make_plan(small_profile, 68)
     assert error.value.key == key
 
 
@@ -222,6 +273,10 @@ def execution_order(profile: dict) -> list[tuple[int, bool, dict]]:
             for node in graphs[(graph_id, bwd)]["nodes"]]
 
 
+def forward_peak(profile: dict) -> int:
+    return max((node["peak_bytes"] for _, bwd, node in execution_order(profile) if not bwd), default=0)
+
+
 def simulate(profile: dict, plan: dict) -> tuple[int, list[int]]:
     """Replay the plan node by node: (peak incl. the step's end, per-node bytes in use incl. the node's peak)."""
     offloaded = set(plan["offloaded"])
@@ -253,6 +308,18 @@ def test_plan_is_consistent_with_a_replay(profile, budget, reload):
     assert plan["predicted_peak_bytes"] == peak
     assert plan["feasible"] == (peak <= budget)
     assert plan["floor_bytes"] == max(node["peak_bytes"] for _, _, node in execution_order(profile))
+    assert plan["forward_peak_bytes"] == forward_peak(profile)
+
+
+@PROPERTY_SETTINGS
+@given(profiles(), budgets)
+def test_resident_set_is_the_longest_prefix_that_fits_beside_the_forward_peak(profile, budget):
+    plan = make_plan(profile, budget)
+    headroom = budget - forward_peak(profile)
+    task_bytes = [task["bytes"] for task in profile["tasks"]]
+    n_resident = len(task_bytes) - len(plan["offloaded"])
+    assert n_resident == 0 or sum(task_bytes[:n_resident]) <= headroom
+    assert n_resident == len(task_bytes) or sum(task_bytes[:n_resident + 1]) > headroom
 
 
 @PROPERTY_SETTINGS
@@ -262,17 +329,18 @@ def test_ample_budget_offloads_nothing_and_zero_budget_offloads_everything(profi
     total = sum(task["bytes"] for task in profile["tasks"])
     ample = make_plan(profile, floor + total, reload)
     assert ample["offloaded"] == [] and ample["feasible"]
+    assert make_plan(profile, forward_peak(profile) + total, reload)["offloaded"] == []
     nothing = make_plan(profile, 0, reload)
     assert nothing["offloaded"] == [task["id"] for task in profile["tasks"]] and nothing["resident_bytes"] == 0
 
 
 @PROPERTY_SETTINGS
 @given(profiles(), budgets, budgets, st.sampled_from(["asap", "at_end"]))
-def test_more_budget_never_offloads_more_or_loses_feasibility(profile, budget_a, budget_b, reload):
+def test_more_budget_never_offloads_more(profile, budget_a, budget_b, reload):
+    # Feasibility is not monotone (test_more_budget_can_lose_feasibility); the offloaded set is.
     small, large = sorted([budget_a, budget_b])
     plan_small, plan_large = make_plan(profile, small, reload), make_plan(profile, large, reload)
     assert set(plan_large["offloaded"]) <= set(plan_small["offloaded"])
-    assert plan_large["feasible"] or not plan_small["feasible"]
 
 
 @PROPERTY_SETTINGS

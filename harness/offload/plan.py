@@ -13,31 +13,41 @@ one ZeRO sub-group (fp32 master params, exp_avg or exp_avg_sq), listed in the or
 them. Copies are treated as instantaneous: when they land is the runtime's concern, not the plan's.
 
 Definitions (all in bytes):
-- floor = max peak over all nodes of all graphs: the step's peak with no state resident.
+- forward_peak = max peak over the nodes of the forward graphs (0 if they have none): the forward pass's running
+  peak at its end, in execution order.
+- floor = max peak over all nodes of all graphs, backward included: the step's peak with no state resident.
 - last_peak = peak of the last node of the last backward graph.
-- Resident set R: a prefix of the task list, grown while budget - floor - bytes(R) >= bytes(next task).
+- Resident set R: a prefix of the task list, grown while budget - forward_peak - bytes(R) >= bytes(next task).
   Every other task is offloaded: its device-to-host copy launches at the start of the first forward graph.
+  R is sized against the forward peak, not the floor, as DeepSpeed's pass does, so both offload comparable
+  bytes at the same budget; a backward node that peaks above forward_peak may then overflow (see feasible).
 - Reloads happen after backward nodes. "After node X" means the task is on the device from X's successors on.
   - asap: walk the backward nodes in execution order. After node j, reload the next offloaded task (task order)
     while  later_peak(j) + bytes(R) + bytes(reloaded so far) + bytes(task) <= budget,  where later_peak(j) is the
-    max peak of the backward nodes after j, in this and later backward graphs (it covers the step's end too,
-    whose baseline is the last node's peak). Tasks still pending at the last backward node are reloaded after it.
+    max peak of the backward nodes after j, in this and later backward graphs. So a reload never pushes a later
+    node over the budget; where a later node exceeds it even without the reload (R, sized against the forward
+    peak, can do that), the reload waits until that node has run. Tasks still pending at the last backward
+    node are reloaded after it.
   - at_end: every offloaded task is reloaded after the last backward node.
 - The step's end: after the last backward node all states are back for the optimizer step. Its baseline is
   last_peak (what the last node held at most), so the end costs last_peak + total_state_bytes.
-- predicted_peak = max( max over every node i in execution order of peak(i) + bytes(R) + bytes(reloaded before i),
-                        last_peak + total_state_bytes ).
+- predicted_peak = max( max over every node i in execution order, forward and backward, of
+                        peak(i) + bytes(R) + bytes(reloaded before i),   last_peak + total_state_bytes ).
 - feasible  <=>  predicted_peak <= budget.
 
-Consequences: budget >= floor + total offloads nothing; budget 0 keeps nothing resident; a larger budget offloads
-a subset (a suffix of the task list shrinks). Feasibility does not depend on the reload policy: both policies are
-feasible exactly when budget >= max(floor + bytes(R), last_peak + total). at_end has the lower predicted peak
-(it is that max); asap's never exceeds max(at_end's, budget) and buys earlier reloads. A plan can be infeasible
-even with everything offloaded (floor > budget, or last_peak + total > budget); it still offloads everything.
+Consequences: budget >= forward_peak + total offloads nothing (feasible once budget >= floor + total too);
+budget 0 keeps nothing resident; a larger budget offloads a subset (a suffix of the task list shrinks).
+Feasibility does not depend on the reload policy: both policies are feasible exactly when
+budget >= max(floor + bytes(R), last_peak + total). at_end has the lower predicted peak (it is that max); asap's
+never exceeds max(at_end's, budget) and buys earlier reloads. A plan is infeasible when floor + bytes(R) >
+budget, which sizing R against the forward peak allows whenever floor > forward_peak (a backward node holds
+more than any forward node), or when last_peak + total > budget; with floor > budget not even offloading
+everything fits. Infeasible plans are reported, not repaired. Feasibility is therefore not monotone in the
+budget: a larger budget can keep one more task resident and push the backward peak over.
 
 Differences from DeepSpeed's pass (offload_opt_states_inc): DeepSpeed offloads the first tasks and keeps the
-tail resident; it sizes the resident set from forward peaks only; its reload test leaves out the resident states
-and looks only at the rest of the current backward graph.
+tail resident; its reload test leaves out the resident states and looks only at the rest of the current
+backward graph.
 """
 from __future__ import annotations
 
@@ -78,6 +88,10 @@ class Profile:
     @property
     def bwd_positions(self) -> list[int]:
         return [position for position, node in enumerate(self.nodes) if node.bwd]
+
+    @property
+    def forward_peak_bytes(self) -> int:
+        return max((node.peak_bytes for node in self.nodes if not node.bwd), default=0)
 
     @property
     def floor_bytes(self) -> int:
@@ -203,15 +217,15 @@ def load_profile(path: str | Path) -> dict:
 # ---------------------------------------------------------------- planning
 
 
-def count_resident(tasks: tuple[Task, ...], budget_bytes: int, floor_bytes: int) -> int:
-    """Length of the task-list prefix that stays resident.
+def count_resident(tasks: tuple[Task, ...], budget_bytes: int, forward_peak_bytes: int) -> int:
+    """Length of the task-list prefix that stays resident, sized against the forward peak.
 
     Stop at the first task that does not fit rather than skip it: the offloaded set is then always a suffix,
     so a larger budget offloads a subset of what a smaller one does (sweeps compare nested plans), and the
     resident states are the ones the optimizer step touches first, so the step can start on them while the
     offloaded tail is still coming back. Skipping would save less than one task's bytes.
     """
-    headroom = budget_bytes - floor_bytes
+    headroom = budget_bytes - forward_peak_bytes
     for count, task in enumerate(tasks):
         if task.bytes > headroom:
             return count
@@ -221,9 +235,9 @@ def count_resident(tasks: tuple[Task, ...], budget_bytes: int, floor_bytes: int)
 
 def place_reloads_asap(profile: Profile, offloaded: tuple[Task, ...], resident_bytes: int,
                        budget_bytes: int) -> list[tuple[int, Task]]:
-    """(node position, task) pairs: each task reloaded after the earliest backward node that keeps every later
-    node and the step's end within budget. Task order is kept, so the optimizer step, which walks sub-groups in
-    task order, gets its first offloaded sub-group back first."""
+    """(node position, task) pairs: each task reloaded after the earliest backward node from which every later
+    node stays within budget with it, or after the last node if none does. Task order is kept, so the optimizer
+    step, which walks sub-groups in task order, gets its first offloaded sub-group back first."""
     bwd_positions = profile.bwd_positions
     later_peaks = _later_peaks([profile.nodes[position].peak_bytes for position in bwd_positions])
     pending, in_use, reloads = deque(offloaded), resident_bytes, []
@@ -267,8 +281,7 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap") -> dict:
     _expect(budget_bytes >= 0, "offload.budget_bytes", f"must be >= 0, got {budget_bytes}")
     _expect(reload in RELOAD_POLICIES, "offload.reload", f"must be one of {', '.join(RELOAD_POLICIES)}, got {reload!r}")
 
-    floor_bytes = parsed.floor_bytes
-    n_resident = count_resident(parsed.tasks, budget_bytes, floor_bytes)
+    n_resident = count_resident(parsed.tasks, budget_bytes, parsed.forward_peak_bytes)
     resident, offloaded = parsed.tasks[:n_resident], parsed.tasks[n_resident:]
     resident_bytes = sum(task.bytes for task in resident)
     if reload == "asap":
@@ -285,7 +298,8 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap") -> dict:
         "total_state_bytes": parsed.total_state_bytes,
         "reloads": [{"task": task.id, "graph_id": parsed.nodes[position].graph_id, "bwd": True,
                      "after_node": parsed.nodes[position].name} for position, task in reloads],
-        "floor_bytes": floor_bytes,
+        "forward_peak_bytes": parsed.forward_peak_bytes,
+        "floor_bytes": parsed.floor_bytes,
         "predicted_peak_bytes": predicted_peak,
         "feasible": predicted_peak <= budget_bytes,
     }
