@@ -16,9 +16,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from harness.launch import STATUSES
 from harness.sinks import job_order
 
-STATUSES = ("ok", "oom", "died", "timeout", "preempted", "skipped", "config_error")
 OK = "ok"
 
 # Config keys the analysis names by a short column; other top-level arm knobs become arm_<knob>, and any

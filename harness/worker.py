@@ -69,10 +69,15 @@ def gather_hostnames() -> list[str]:
     return sorted(set(names))
 
 
+def _fault_here(debug: dict, step: int, rank: int) -> bool:
+    """Whether debug.fault (if any) targets this step on this rank."""
+    return debug["fault"] is not None and step == debug["fault_step"] and rank == debug["fault_rank"]
+
+
 def inject_fault(cfg: dict, step: int, rank: int) -> None:
     """debug.fault: make a failure happen for real at a chosen step, to test how it is recorded."""
     debug = cfg["debug"]
-    if debug["fault"] is None or step != debug["fault_step"] or rank != debug["fault_rank"]:
+    if not _fault_here(debug, step, rank):
         return
     if debug["fault"] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -86,7 +91,7 @@ def inject_fault(cfg: dict, step: int, rank: int) -> None:
 def slow_down(cfg: dict, step: int, rank: int) -> None:
     """debug.fault=slow: this rank sleeps inside the timed step, so only a max over ranks shows it."""
     debug = cfg["debug"]
-    if debug["fault"] == "slow" and step == debug["fault_step"] and rank == debug["fault_rank"]:
+    if debug["fault"] == "slow" and _fault_here(debug, step, rank):
         time.sleep(debug["fault_sleep_s"])
 
 
