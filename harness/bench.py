@@ -47,7 +47,8 @@ def reserved_trajectory_gb(point: dict) -> list[float]:
 
 def describe(point: dict) -> str:
     knobs = point["offload"] if point["arm"] == "offload" else {}
-    extra = ",".join(f"{k}={knobs[k]}" for k in ("empty_cache", "streams", "mode", "reload") if k in knobs)
+    extra = ",".join(f"{k}={knobs[k]}" for k in ("empty_cache", "streams", "mode", "reload", "release",
+                                                  "peak_cap_gb") if k in knobs)
     return f"{point['arm']}" + (f"[{extra}]" if extra else "")
 
 

@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from harness.offload import ops
 from harness.offload.graph_pass import (OffloadPass, PlanFiles, insert_end_backward, insert_reloads,
-                                        is_compute_anchor, profiled_node_names)
+                                        is_compute_anchor, profiled_node_names, release_site_names)
 from harness.offload.mover import StateMover
 from harness.offload.plan import make_plan, parse_profile
 from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
@@ -63,14 +63,16 @@ def profiling_result_for(gm, peaks: dict[str, int], bwd: bool, result: Profiling
 class Harness:
     """One OffloadPass over a fake optimizer, with the DeepCompile calling convention."""
 
-    def __init__(self, tmp_path, budget: int, reload: str = "asap", phase: int = 1):
+    def __init__(self, tmp_path, budget: int, reload: str = "asap", phase: int = 1, release: str = "recorded",
+                 cap: int | None = None):
         self.optimizer = FakeZero3Optimizer()
         device = FakeDevice()
-        self.runtime = OffloadRuntime(StateMover(device), "async", EmptyCachePolicy("never", device.empty_cache))
+        self.runtime = OffloadRuntime(StateMover(device, hold=release == "ordered"), "async",
+                                      EmptyCachePolicy("never", device.empty_cache))
         self.phase = phase
         self.pass_ = OffloadPass(self.runtime, self.optimizer, budget, reload, PlanFiles(str(tmp_path)),
                                  device_total_bytes=10_000, current_phase=lambda: self.phase,
-                                 writes_files=lambda: True)
+                                 writes_files=lambda: True, release_policy=release, cap_bytes=cap)
         self.results: dict[int, ProfilingResult] = {}
 
     def run(self, gm, graph_id: int, graph_order, bwd: bool, peaks: dict[str, int] | None = None):
@@ -147,6 +149,50 @@ def test_single_graph_placement_follows_the_plan(tmp_path, budget, reload):
     assert all(nodes.index(node) < nodes.index(end) for node in reloads)
     # the runtime launches exactly what the plan offloads
     assert harness.runtime.planned == set(plan["offloaded"])
+
+
+def test_ordered_release_sites_free_each_state_no_later_than_planned(tmp_path):
+    fwd, bwd = traced_graphs()
+    # offload everything; the cap leaves room for all states only at the start of the forward
+    harness = Harness(tmp_path, 0, release="ordered", cap=FLOOR // 2 + sum(TASK_BYTES.values()))
+    fwd_peaks = harness.run(fwd, 3, [(3, True)], bwd=False)
+    harness.run(bwd, 3, [(3, True)], bwd=True)
+    plan = read_plan(tmp_path)
+    assert plan["releases"] and plan["release_policy"] == "ordered"
+
+    nodes = list(fwd.graph.nodes)
+    sites = our_ops(fwd.graph, ops.RELEASE)
+    assert len(sites) == len([name for name in fwd_peaks])  # a small graph gets a site before every node
+    site_of = {ops.REGISTRY.entry(node.args[1]).site: node for node in sites}
+    # each site sits right before its node, after the launch, and is anchored on nothing later than that node
+    for site, node in site_of.items():
+        name = site.split(":", 1)[1]
+        assert nodes[nodes.index(node) + 1].name == name or nodes[nodes.index(node) + 1] in sites
+        assert nodes.index(node) > nodes.index(our_ops(fwd.graph, ops.LAUNCH)[0])
+        assert nodes.index(node.args[0]) < nodes.index(node)
+    # the runtime releases every planned state at the site before the node the plan names
+    released = {task: site for site, tasks in harness.runtime.release_sites.items() for task in tasks}
+    assert released == {r["task"]: f"0:{r['before_node']}" for r in plan["releases"]}
+    assert plan["release_sites"] == {site: list(tasks) for site, tasks in harness.runtime.release_sites.items()}
+
+    # running the ops: the released states' blocks go in stream order, the rest stay held until their reload
+    ops.bind_runtime(harness.runtime)
+    try:
+        for node in our_ops(fwd.graph):
+            node.target(torch.zeros(1), node.args[1])
+        held = {task for task, slot in harness.runtime.slots.items() if slot.held is not None}
+        assert held == set(plan["held"]) and held.isdisjoint(released)
+    finally:
+        ops.bind_runtime(None)
+
+
+def test_release_sites_are_evenly_spaced_and_capped():
+    names = [f"n{i}" for i in range(100)]
+    sites = release_site_names(names, 8)
+    assert len(sites) == 8 and sites[0] == "n0" and sites == sorted(sites, key=names.index)
+    gaps = {names.index(b) - names.index(a) for a, b in zip(sites, sites[1:])}
+    assert gaps <= {12, 13}
+    assert release_site_names(names[:3], 8) == names[:3] and release_site_names([], 8) == []
 
 
 def test_budget_extremes_offload_all_or_nothing(tmp_path):

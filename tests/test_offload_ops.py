@@ -18,9 +18,10 @@ from offload_fakes import FakeDevice, FakeZero3Optimizer, init_deepspeed_on_cpu
 ops.register_ops()
 
 
-def make_runtime(optimizer, mode="async", empty_cache="never", streams="split", profiling=lambda: False):
+def make_runtime(optimizer, mode="async", empty_cache="never", streams="split", profiling=lambda: False,
+                 hold=False):
     device = FakeDevice()
-    runtime = OffloadRuntime(StateMover(device, split_streams=streams == "split"), mode,
+    runtime = OffloadRuntime(StateMover(device, split_streams=streams == "split", hold=hold), mode,
                              EmptyCachePolicy(empty_cache, device.empty_cache), profiling)
     runtime.adopt(discover_tasks(optimizer))
     return runtime, device
@@ -169,12 +170,67 @@ def test_offload_of_an_unwaited_reload_waits_for_it_first():
     assert ("wait_event", runtime.mover.d2h.name, slot.reload_event.name) in device.log
 
 
+def test_hold_keeps_the_block_until_release_makes_compute_wait_for_its_copy():
+    runtime, device = make_runtime(FakeZero3Optimizer(sub_group_numels=(6,)), hold=True)
+    slot = runtime.slots["0:exp_avg"]
+    runtime.mover.offload([slot])
+    assert slot.on_host and slot.held is not None
+    assert not any(entry[0] == "record_stream" for entry in device.log)  # freed in stream order instead
+    device.log.clear()
+    assert runtime.mover.release(slot) and slot.held is None
+    assert device.log == [("wait_event", "compute", slot.offload_event.name)]
+    assert not runtime.mover.release(slot)  # nothing left to release
+
+
+def test_reload_of_a_held_state_points_it_back_at_its_block_without_a_copy():
+    optimizer = FakeZero3Optimizer(sub_group_numels=(6,))
+    runtime, device = make_runtime(optimizer, hold=True)
+    before = optimizer.snapshot()
+    slot = runtime.slots["0:fp32"]
+    block = slot.task.tensor.data_ptr()
+    runtime.mover.offload([slot])
+    device.log.clear()
+    assert not runtime.mover.reload(slot)  # no copy started
+    assert slot.task.tensor.data_ptr() == block and slot.held is None and not slot.on_host
+    # the optimizer will write the block, so the compute stream waits for the copy that reads it
+    assert device.log == [("wait_event", "compute", slot.offload_event.name)]
+    assert all(torch.equal(a, b) for a, b in zip(before, optimizer.snapshot()))
+
+
+def test_evict_all_also_frees_blocks_still_held():
+    runtime, device = make_runtime(FakeZero3Optimizer(sub_group_numels=(6,)), hold=True)
+    runtime.mover.offload(runtime.slots.values())
+    assert all(slot.held is not None for slot in runtime.slots.values())
+    runtime.evict_all()
+    assert all(slot.held is None and slot.on_host for slot in runtime.slots.values())
+
+
 # ---------------------------------------------------------------- runtime
 
 
 def plan_all(runtime, offloaded):
     runtime.begin_phase()
     runtime.finalize_plan(offloaded)
+
+
+def test_release_op_frees_the_states_the_plan_assigned_to_its_site(bound):
+    optimizer = FakeZero3Optimizer()
+    runtime, device = make_runtime(optimizer, hold=True)
+    bound(runtime)
+    runtime.begin_phase()
+    runtime.finalize_plan(["0:fp32", "0:exp_avg", "1:fp32"], {"0:mm0": ("0:fp32", "0:exp_avg")})
+    call(ops.LAUNCH, tuple(runtime.slots))
+    ops.op(ops.RELEASE)(torch.zeros(1), ops.REGISTRY.add(ops.RELEASE, site="0:mm0"))
+    ops.op(ops.RELEASE)(torch.zeros(1), ops.REGISTRY.add(ops.RELEASE, site="0:other"))  # nothing assigned
+    held = {task_id for task_id, slot in runtime.slots.items() if slot.held is not None}
+    assert held == {"1:fp32"}
+    start = counters()
+    for task_id in ("0:fp32", "0:exp_avg", "1:fp32"):
+        call(ops.RELOAD, (task_id,))
+    call(ops.END_BACKWARD)
+    # the two released states are copied back; the held one is pointed back at its block
+    assert counters()["reloads"] - start["reloads"] == 2
+    assert not any(slot.on_host for slot in runtime.slots.values()) and runtime.fallback_reloads == 0
 
 
 def test_async_step_moves_only_planned_states_and_counts_them(bound):
@@ -314,7 +370,8 @@ def test_empty_cache_calls_per_step(bound, policy, expected):
 
 DS_OK = {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}, "gradient_accumulation_steps": 1}
 OFFLOAD_OK = {"budget_gb": None, "budget_fraction": None, "margin": 0.2, "mode": "async",
-              "empty_cache": "once_per_phase", "streams": "split", "reload": "asap"}
+              "empty_cache": "once_per_phase", "streams": "split", "reload": "asap", "release": "recorded",
+              "peak_cap_gb": None}
 
 
 def with_change(base: dict, path: str, value):
@@ -358,7 +415,8 @@ def test_check_config_refuses_gradient_accumulation():
 
 
 @pytest.mark.parametrize("key, value", [("mode", "sync"), ("empty_cache", "always"), ("streams", "dual"),
-                                        ("reload", "late"), ("margin", 1.5), ("budget_gb", -1.0)])
+                                        ("reload", "late"), ("margin", 1.5), ("budget_gb", -1.0),
+                                        ("release", "eager"), ("peak_cap_gb", -2), ("peak_cap_gb", "12")])
 def test_check_config_refuses_bad_knobs(key, value):
     with pytest.raises(ConfigError) as error:
         check_config(DS_OK, {**OFFLOAD_OK, key: value}, grad_accum=1)

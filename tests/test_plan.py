@@ -423,3 +423,59 @@ def test_cli_names_the_bad_key_inside_the_profile(tmp_path, small_profile):
     result = run_cli("--profile", str(path), "--budget-gb", "1")
     assert result.returncode == 2
     assert result.stderr.startswith("profile.tasks[2].bytes: ")
+
+
+# ---------------------------------------------------------------- ordered release
+
+
+def test_ordered_release_frees_blocks_just_before_the_cap_would_be_exceeded():
+    profile = two_graph_profile([10, 20, 30], [35, 5], {"a": 10, "b": 10, "c": 10})
+    plan = make_plan(profile, 0, "asap", release="ordered", cap_bytes=50)
+    # f0: 10 + 30 held = 40, f1: 20 + 30 = 50 fit; f2 is the last forward node, so it must also leave room for
+    # the backward floor 35: 35 + 30 > 50 -> release a, b before f2 (35 + 10 = 45); c stays held.
+    assert [(r["task"], r["before_node"]) for r in plan["releases"]] == [("a", "f2"), ("b", "f2")]
+    assert plan["held"] == ["c"] and plan["offloaded"] == ["a", "b", "c"]
+    # reloads are placed under the cap too; the held c costs nothing
+    assert reload_points(plan) == [("a", 0, "b0"), ("b", 0, "b0"), ("c", 0, "b0")]
+    assert (plan["peak_cap_bytes"], plan["predicted_peak_bytes"]) == (50, 50)
+
+
+def test_recorded_release_lists_no_releases_and_holds_nothing(small_profile):
+    plan = make_plan(small_profile, 0)
+    assert plan["release_policy"] == "recorded" and plan["releases"] == [] and plan["held"] == []
+    assert plan["peak_cap_bytes"] == plan["budget_bytes"] == 0
+
+
+def test_a_cap_above_everything_releases_nothing(small_profile):
+    plan = make_plan(small_profile, 0, release="ordered", cap_bytes=1000)
+    assert plan["releases"] == [] and plan["held"] == TASK_IDS
+
+
+def held_per_node(profile: dict, plan: dict) -> list[tuple[bool, int, int]]:
+    """(is_bwd, node peak, bytes of held tasks) for every node, replaying the plan's releases."""
+    task_bytes = {task["id"]: task["bytes"] for task in profile["tasks"]}
+    held = sum(task_bytes[task_id] for task_id in plan["offloaded"])
+    rows = []
+    for graph_id, bwd, node in execution_order(profile):
+        held -= sum(task_bytes[r["task"]] for r in plan["releases"]
+                    if not bwd and (r["graph_id"], r["before_node"]) == (graph_id, node["name"]))
+        rows.append((bwd, node["peak_bytes"], held))
+    assert held == sum(task_bytes[task_id] for task_id in plan["held"])
+    return rows
+
+
+@PROPERTY_SETTINGS
+@given(profiles(), budgets, budgets, st.sampled_from(["asap", "at_end"]))
+def test_ordered_releases_keep_the_forward_under_the_cap_whenever_anything_is_left_to_release(
+        profile, budget, cap, reload):
+    plan = make_plan(profile, budget, reload, release="ordered", cap_bytes=cap)
+    released = [r["task"] for r in plan["releases"]]
+    # released tasks are a prefix of the offloaded ones (launch order), the rest are held
+    assert released + plan["held"] == plan["offloaded"]
+    for bwd, peak, held in held_per_node(profile, plan):
+        if not bwd and held:
+            assert peak + plan["resident_bytes"] + held <= cap
+    # the same budget offloads the same states whatever the release policy
+    assert plan["offloaded"] == make_plan(profile, budget, reload)["offloaded"]
+    assert plan["predicted_peak_bytes"] >= max(peak + plan["resident_bytes"] + held
+                                               for _, peak, held in held_per_node(profile, plan))

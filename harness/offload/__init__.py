@@ -7,7 +7,7 @@ planned_offload_bytes()                             bytes the last plan moves of
 """
 from __future__ import annotations
 
-from harness.budget import check_budget_keys
+from harness.budget import GB, check_budget_keys
 from harness.errors import ConfigError
 
 __all__ = ["check_config", "install", "counters", "planned_offload_bytes"]
@@ -17,8 +17,9 @@ KNOBS = {
     "empty_cache": ("never", "once_per_phase", "per_step"),
     "streams": ("split", "single"),
     "reload": ("asap", "at_end"),
+    "release": ("recorded", "ordered"),
 }
-BUDGET_KEYS = ("budget_gb", "budget_fraction", "margin")
+BUDGET_KEYS = ("budget_gb", "budget_fraction", "margin", "peak_cap_gb")
 _ON_HOST = ("cpu", "nvme")
 _installed = None  # the OffloadPass of the engine install() set up in this process
 
@@ -31,7 +32,7 @@ def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
     """Raise ConfigError(key, message) for a configuration the offload arm cannot run.
 
     Refused:
-    - bad knob values (offload.mode, .empty_cache, .streams, .reload, the budget keys);
+    - bad knob values (offload.mode, .empty_cache, .streams, .reload, .release, the budget keys, .peak_cap_gb);
     - ZeRO stage other than 3 (the pass moves ZeRO-3's fp32 partitions and optimizer states, per sub-group);
     - ZeRO-Offload of the optimizer (`zero_optimization.offload_optimizer.device` cpu/nvme): the states
       already live on the host and the optimizer runs there;
@@ -76,6 +77,15 @@ def _check_knobs(offload_cfg: dict) -> None:
         if offload_cfg[key] not in allowed:
             raise ConfigError(f"offload.{key}", f"must be one of {', '.join(allowed)}, got {offload_cfg[key]!r}")
     check_budget_keys(offload_cfg["budget_gb"], offload_cfg["budget_fraction"], offload_cfg["margin"])
+    cap = offload_cfg["peak_cap_gb"]
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 <= cap < float("inf")):
+        raise ConfigError("offload.peak_cap_gb", f"must be null or a finite number >= 0, got {cap!r}")
+
+
+def peak_cap_bytes(offload_cfg: dict) -> int | None:
+    """The cap releases and asap reloads are placed under, in bytes (None: the budget)."""
+    cap = offload_cfg.get("peak_cap_gb")
+    return None if cap is None else int(cap * GB)
 
 
 def counters() -> dict:
@@ -108,8 +118,9 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
     if not hasattr(optimizer, "fp32_partitioned_groups_flat") or not hasattr(optimizer, "_prepare_sub_group"):
         raise ConfigError("zero_optimization.stage", f"expected a ZeRO-3 optimizer, got {type(optimizer).__name__}")
     device = CudaDevice(torch.device("cuda", torch.cuda.current_device()))
+    ordered = offload_cfg["release"] == "ordered" and offload_cfg["mode"] == "async"
     runtime = OffloadRuntime(
-        StateMover(device, split_streams=offload_cfg["streams"] == "split"),
+        StateMover(device, split_streams=offload_cfg["streams"] == "split", hold=ordered),
         mode=offload_cfg["mode"],
         cache_policy=EmptyCachePolicy(offload_cfg["empty_cache"], device.empty_cache),
         is_profiling=lambda: get_deepcompile_handle().is_profiling())
@@ -121,7 +132,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
     offload_pass = OffloadPass(
         runtime, optimizer, budget_bytes, offload_cfg["reload"], PlanFiles(run_dir),
         device_total_bytes=torch.cuda.get_device_properties(device.device).total_memory,
-        current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps))
+        current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps),
+        release_policy="ordered" if ordered else "recorded", cap_bytes=peak_cap_bytes(offload_cfg))
     schedule.register_passes(engine, offload_pass)
     global _installed
     _installed = offload_pass

@@ -9,6 +9,9 @@ param_manager, bwd)`, run once per graph at the step where a schedule entry star
   node, the empty-cache op and one launch op naming every task; the launch op offloads at run time only the
   tasks the plan offloads, because the plan needs the backward profile, which exists only once backward is
   compiled. Later forward graphs (graph breaks) get nothing: all offloads start at the head of the step.
+- plan, forward, release=ordered: also up to RELEASE_SITES release ops, evenly spaced, each before a node. Which
+  states each one frees is decided with the plan (the planner names a node per state; the state goes to the
+  last site at or before it, so it is freed no later than planned).
 - plan, backward: record the profile, call the planner (plan.py) on everything recorded so far, and insert this
   graph's reloads. The last backward graph (the first forward graph's) also gets the end-of-backward op; its
   plan, made from the complete profile, is final: it arms the runtime and is written to the run dir.
@@ -48,6 +51,7 @@ from harness.offload.states import discover_tasks
 logger = logging.getLogger(__name__)
 
 _COMPUTE_NAMESPACES = ("aten", "prims")
+RELEASE_SITES = 32  # per forward graph: fine enough to track the forward's memory growth, cheap per step
 PREFERRED_ANCHOR_OPS = frozenset({"dc::reduce_grad"})
 
 
@@ -171,6 +175,26 @@ def insert_reloads(graph: Graph, reloads: list[tuple[int, str, str | None]],
     return placements
 
 
+def release_site_names(names: list[str], count: int = RELEASE_SITES) -> list[str]:
+    """Up to `count` node names, evenly spaced over `names` (profiled order), the first always included."""
+    if not names:
+        return []
+    step = max(1, len(names) / count)
+    return list(dict.fromkeys(names[int(k * step)] for k in range(min(count, len(names)))))
+
+
+def insert_release_sites(graph: Graph, sites: list[tuple[int, str]],
+                         preferred: frozenset[str] = PREFERRED_ANCHOR_OPS) -> None:
+    """(registry index, node name) release ops, each right before its node and anchored on the last suitable
+    tensor before it (on a graph input at the head): the op may run early, never after its node."""
+    nodes = list(graph.nodes)
+    position = {node.name: index for index, node in enumerate(nodes)}
+    for idx, name in sites:
+        anchor = _last_anchor(nodes, position[name], preferred) or _tensor_input(graph)
+        with graph.inserting_before(nodes[position[name]]):
+            _create_op(graph, ops.RELEASE, anchor, idx)
+
+
 def insert_end_backward(graph: Graph, idx: int, preferred: frozenset[str] = PREFERRED_ANCHOR_OPS) -> Node:
     """The end-of-backward op, after every other node (so after every reload) and right before the output."""
     nodes = list(graph.nodes)
@@ -203,6 +227,10 @@ class ProfileBuilder:
 
     def index(self, graph_id: int) -> int:
         return self._fwd_order.index(graph_id)
+
+    def nodes(self, index: int, bwd: bool) -> list[dict]:
+        """The recorded nodes of the graph with this profile index."""
+        return self._graphs[(self._fwd_order[index], bwd)]["nodes"]
 
     def last_node(self, graph_id: int, bwd: bool) -> str | None:
         nodes = self._graphs[(graph_id, bwd)]["nodes"]
@@ -282,17 +310,21 @@ class OffloadPass:
 
     def __init__(self, runtime: OffloadRuntime, zero_optimizer, budget_bytes: int, reload_policy: str,
                  files: PlanFiles, device_total_bytes: int, current_phase: Callable[[], int],
-                 writes_files: Callable[[], bool] = _is_rank0):
+                 writes_files: Callable[[], bool] = _is_rank0, release_policy: str = "recorded",
+                 cap_bytes: int | None = None):
         self.runtime = runtime
         self.zero_optimizer = zero_optimizer
         self.budget_bytes = budget_bytes
         self.reload_policy = reload_policy
+        self.release_policy = release_policy
+        self.cap_bytes = cap_bytes
         self.files = files
         self.device_total_bytes = device_total_bytes
         self.current_phase = current_phase
         self.writes_files = writes_files
         self._builder: ProfileBuilder | None = None
         self._placements: dict[int, list[dict]] = {}  # backward graph -> where its reload ops went
+        self._release_sites: dict[int, list[str]] = {}  # forward graph (profile index) -> node names with a site
         self.last_plan: dict | None = None   # the last final plan (made at the last backward graph)
 
     def evict(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
@@ -335,6 +367,7 @@ class OffloadPass:
         tasks = [{"id": slot.task.id, "bytes": slot.task.nbytes} for slot in self.runtime.slots.values()]
         self._builder = ProfileBuilder(tasks, self.device_total_bytes)
         self._placements = {}
+        self._release_sites = {}
 
     def _plan_forward(self, graph: Graph, graph_id: int, graph_order, profiling_results) -> None:
         first = graph_id == graph_order[0][0]
@@ -345,6 +378,12 @@ class OffloadPass:
             task_ids = tuple(self.runtime.slots)
             insert_head_ops(graph, [(ops.EMPTY_CACHE, ops.REGISTRY.add(ops.EMPTY_CACHE)),
                                     (ops.LAUNCH, ops.REGISTRY.add(ops.LAUNCH, task_ids))])
+        if self.release_policy == "ordered":
+            index = self._builder.index(graph_id)
+            names = release_site_names(profiled_node_names(graph))
+            self._release_sites[index] = names
+            insert_release_sites(graph, [(ops.REGISTRY.add(ops.RELEASE, site=f"{index}:{name}"), name)
+                                         for name in names])
 
     def _plan_backward(self, graph: Graph, graph_id: int, graph_order, profiling_results) -> None:
         if self._builder is None:
@@ -352,7 +391,8 @@ class OffloadPass:
         self._record(graph, graph_id, profiling_results, bwd=True)
         with_backward = [gid for gid, needs_backward in graph_order if needs_backward]
         is_last = not with_backward or graph_id == with_backward[0]
-        plan = make_plan(self._builder.to_dict(), self.budget_bytes, self.reload_policy)
+        plan = make_plan(self._builder.to_dict(), self.budget_bytes, self.reload_policy, self.release_policy,
+                         self.cap_bytes)
         self._placements.pop(graph_id, None)  # this graph's ops were stripped: its reloads are placed anew
         reloads = self._reloads_here(plan, graph_id, is_last)
         entries = [(ops.REGISTRY.add(ops.RELOAD, (task,)), task, after) for task, after in reloads]
@@ -376,12 +416,28 @@ class OffloadPass:
             chosen += [(task, None) for task in plan["offloaded"] if task not in placed]
         return chosen
 
+    def _sites_of_releases(self, plan: dict) -> dict[str, tuple[str, ...]]:
+        """Release op site -> the states it frees: for each planned release, the last site at or before the node
+        the planner named, in that forward graph."""
+        chosen: dict[str, list[str]] = {}
+        for release in plan["releases"]:
+            graph = release["graph_id"]
+            position = {node["name"]: index for index, node in enumerate(self._builder.nodes(graph, bwd=False))}
+            limit = position[release["before_node"]]
+            earlier = [name for name in self._release_sites.get(graph, []) if position[name] <= limit]
+            if not earlier:  # a forward graph compiled without sites: the state stays held until its reload
+                continue
+            chosen.setdefault(f"{graph}:{max(earlier, key=position.get)}", []).append(release["task"])
+        return {site: tuple(tasks) for site, tasks in chosen.items()}
+
     def _finish(self, plan: dict) -> None:
-        self.runtime.finalize_plan(plan["offloaded"])
+        release_sites = self._sites_of_releases(plan)
+        self.runtime.finalize_plan(plan["offloaded"], release_sites)
         self.last_plan = plan
         phase = self.current_phase()
         placements = [placement for graph in self._placements.values() for placement in graph]
-        record = {**plan, "phase": phase, "profile_complete": self._builder.complete, "placements": placements}
+        record = {**plan, "phase": phase, "profile_complete": self._builder.complete, "placements": placements,
+                  "release_sites": {site: list(tasks) for site, tasks in release_sites.items()}}
         if self.writes_files():
             self.files.write(phase, self._builder.to_dict(), record)
             # one line in the worker log: the fact a reader of a run needs first

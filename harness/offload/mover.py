@@ -10,6 +10,11 @@ Stream discipline (the compute stream is the current stream when an op runs):
   No record_stream on reload buffers: the compute stream waits on the reload event before any kernel reads the
   state, and the buffer is only freed by a later offload whose D2H stream waited on the compute stream.
 - `split` uses separate D2H and H2D streams so out-going and in-coming copies overlap; `single` shares one.
+- hold (release=ordered): instead of record_stream, the slot keeps the device block after the copy starts;
+  `release` makes the compute stream wait for that copy and drops the block, so the allocator hands it to the
+  next compute-stream allocation in stream order, independent of how far the host runs ahead of the device
+  (with record_stream it can reuse the block only once the host sees the copy done, and maps new memory
+  meanwhile). A reload of a slot still holding its block just points the state back at it: no copy.
 Nothing here waits on the host except `evict_all` (compile time) and the blocking mode's `synchronize`.
 """
 from __future__ import annotations
@@ -73,6 +78,7 @@ class StateSlot:
     offload_event: Any = None          # recorded after the last D2H copy
     reload_event: Any = None           # recorded after the last H2D copy
     reload_unwaited: bool = False      # the compute stream has not waited on reload_event yet
+    held: torch.Tensor | None = None   # hold mode: the device block, kept until release() or a reload
 
     @property
     def on_host(self) -> bool:
@@ -80,13 +86,16 @@ class StateSlot:
 
 
 class StateMover:
-    def __init__(self, device: Device, split_streams: bool = True):
+    def __init__(self, device: Device, split_streams: bool = True, hold: bool = False):
         self.device = device
         self.d2h = device.new_stream()
         self.h2d = device.new_stream() if split_streams else self.d2h
+        self.hold = hold
 
-    def offload(self, slots: Iterable[StateSlot]) -> list[StateSlot]:
-        """Start the D2H copies of the slots still on the device; returns those it started."""
+    def offload(self, slots: Iterable[StateSlot], hold: bool | None = None) -> list[StateSlot]:
+        """Start the D2H copies of the slots still on the device; returns those it started. With hold, the device
+        blocks stay with the slots until release()."""
+        hold = self.hold if hold is None else hold
         slots = [slot for slot in slots if not slot.on_host]
         if not slots:
             return []
@@ -100,16 +109,34 @@ class StateMover:
             device_data = slot.task.tensor.data
             with self.device.use_stream(self.d2h):
                 slot.host.copy_(device_data, non_blocking=True)
-            self.device.keep_until_done(device_data, self.d2h)
+            if hold:
+                slot.held = device_data
+            else:
+                self.device.keep_until_done(device_data, self.d2h)
             slot.task.tensor.data = slot.host
             if slot.offload_event is None:
                 slot.offload_event = self.device.new_event()
             slot.offload_event.record(self.d2h)
         return slots
 
+    def release(self, slot: StateSlot) -> bool:
+        """Hold mode: give the slot's device block back in stream order (the compute stream waits for the copy
+        that reads it). True if it held one."""
+        if slot.held is None:
+            return False
+        self.device.current_stream().wait_event(slot.offload_event)
+        slot.held = None
+        return True
+
     def reload(self, slot: StateSlot) -> bool:
-        """Start the H2D copy of one slot if it is on the host; True if it started one."""
+        """Start the H2D copy of one slot if it is on the host; True if it started one. A slot still holding its
+        device block (never released) is pointed back at it instead: the block still has the values."""
         if not slot.on_host:
+            return False
+        if slot.held is not None:
+            # the optimizer will write the block: its (now unneeded) copy out must have read it first
+            self.device.current_stream().wait_event(slot.offload_event)
+            slot.task.tensor.data, slot.held = slot.held, None
             return False
         compute = self.device.current_stream()
         buffer = self.device.device_like(slot.host)  # from the compute stream's pool
@@ -143,6 +170,9 @@ class StateMover:
 
     def evict_all(self, slots: Iterable[StateSlot]) -> int:
         """Compile time: copy every slot out and wait, so profiling sees the emptied device. Returns bytes moved."""
-        started = self.offload(slots)
+        slots = list(slots)
+        for slot in slots:  # blocks still held from the last step go too
+            self.release(slot)
+        started = self.offload(slots, hold=False)
         self.synchronize()
         return sum(slot.task.nbytes for slot in started)

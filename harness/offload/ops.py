@@ -21,7 +21,8 @@ LAUNCH = "launch_offloads"      # start the device-to-host copies of the planned
 RELOAD = "reload_state"         # start the host-to-device copy of one state
 EMPTY_CACHE = "empty_cache"     # apply the empty_cache policy (head of the first forward graph)
 END_BACKWARD = "end_backward"   # end of the last backward graph: everything must be on its way back
-OP_NAMES = (LAUNCH, RELOAD, EMPTY_CACHE, END_BACKWARD)
+RELEASE = "release_states"      # release=ordered: free the device blocks the plan assigns to this site
+OP_NAMES = (LAUNCH, RELOAD, EMPTY_CACHE, END_BACKWARD, RELEASE)
 
 
 @dataclass
@@ -44,7 +45,8 @@ def counters() -> dict:
 @dataclass(frozen=True)
 class OpEntry:
     kind: str                   # one of OP_NAMES
-    task_ids: tuple[str, ...]   # the states this op acts on (empty for EMPTY_CACHE / END_BACKWARD)
+    task_ids: tuple[str, ...]   # the states this op acts on (empty for EMPTY_CACHE / END_BACKWARD / RELEASE)
+    site: str = ""              # RELEASE: "graph:node" it sits before; the plan, made later, assigns its states
 
 
 class OpRegistry:
@@ -54,10 +56,10 @@ class OpRegistry:
     def __init__(self) -> None:
         self._entries: list[OpEntry] = []
 
-    def add(self, kind: str, task_ids: tuple[str, ...] = ()) -> int:
+    def add(self, kind: str, task_ids: tuple[str, ...] = (), site: str = "") -> int:
         if kind not in OP_NAMES:
             raise ValueError(f"unknown offload op kind {kind!r}")
-        self._entries.append(OpEntry(kind, tuple(task_ids)))
+        self._entries.append(OpEntry(kind, tuple(task_ids), site))
         return len(self._entries) - 1
 
     def entry(self, idx: int) -> OpEntry:

@@ -23,20 +23,33 @@ Definitions (all in bytes):
   bytes at the same budget; a backward node that peaks above forward_peak may then overflow (see feasible).
 - Reloads happen after backward nodes. "After node X" means the task is on the device from X's successors on.
   - asap: walk the backward nodes in execution order. After node j, reload the next offloaded task (task order)
-    while  later_peak(j) + bytes(R) + bytes(reloaded so far) + bytes(task) <= budget,  where later_peak(j) is the
+    while  later_peak(j) + in_use + cost(task) <= cap  (in_use: R, held and reloaded tasks; cost: the task's
+    bytes, 0 for a held one), where later_peak(j) is the
     max peak of the backward nodes after j, in this and later backward graphs. So a reload never pushes a later
     node over the budget; where a later node exceeds it even without the reload (R, sized against the forward
     peak, can do that), the reload waits until that node has run. Tasks still pending at the last backward
     node are reloaded after it.
   - at_end: every offloaded task is reloaded after the last backward node.
+- Releases (`release` policy): when an offloaded task's device block goes back to the allocator.
+  - recorded: at the launch; the block is tied to the copy stream and the allocator reuses it once the copy
+    has read it. The plan treats it as gone from the first node on.
+  - ordered: the block stays held until a release, where the compute stream waits for that task's copy and
+    frees it, so later allocations reuse it in stream order. Walk the forward nodes in execution order: before
+    node i, release the next held task (task order) while  need(i) + bytes(R) + bytes(held) > cap,  where
+    need(i) = peak(i), and for the last forward node max(peak, floor): backward has no release sites. A task
+    never released stays on the device; its reload only points the state back at the held block (no copy).
+- Reload placement and the walk below count what is on the device: R, the held tasks, and the reloaded ones.
+  `cap` (default: the budget) is the limit both releases and asap reloads are placed under.
 - The step's end: after the last backward node all states are back for the optimizer step. Its baseline is
   last_peak (what the last node held at most), so the end costs last_peak + total_state_bytes.
 - predicted_peak = max( max over every node i in execution order, forward and backward, of
-                        peak(i) + bytes(R) + bytes(reloaded before i),   last_peak + total_state_bytes ).
+                        peak(i) + bytes(R) + bytes(held at i) + bytes(reloaded before i),
+                        last_peak + total_state_bytes ).
 - feasible  <=>  predicted_peak <= budget.
 
-Consequences: budget >= forward_peak + total offloads nothing (feasible once budget >= floor + total too);
-budget 0 keeps nothing resident; a larger budget offloads a subset (a suffix of the task list shrinks).
+Consequences (release=recorded, cap = budget): budget >= forward_peak + total offloads nothing (feasible once
+budget >= floor + total too); budget 0 keeps nothing resident; a larger budget offloads a subset (a suffix of
+the task list shrinks).
 Feasibility does not depend on the reload policy: both policies are feasible exactly when
 budget >= max(floor + bytes(R), last_peak + total). at_end has the lower predicted peak (it is that max); asap's
 never exceeds max(at_end's, budget) and buys earlier reloads. A plan is infeasible when floor + bytes(R) >
@@ -64,6 +77,7 @@ from harness.budget import GB
 from harness.errors import ConfigError
 
 RELOAD_POLICIES = ("asap", "at_end")
+RELEASE_POLICIES = ("recorded", "ordered")
 
 
 @dataclass(frozen=True)
@@ -233,22 +247,45 @@ def count_resident(tasks: tuple[Task, ...], budget_bytes: int, forward_peak_byte
     return len(tasks)
 
 
-def place_reloads_asap(profile: Profile, offloaded: tuple[Task, ...], resident_bytes: int,
-                       budget_bytes: int) -> list[tuple[int, Task]]:
+def place_reloads_asap(profile: Profile, offloaded: tuple[Task, ...], in_use_bytes: int, cap_bytes: int,
+                       held_ids: frozenset[str] = frozenset()) -> list[tuple[int, Task]]:
     """(node position, task) pairs: each task reloaded after the earliest backward node from which every later
-    node stays within budget with it, or after the last node if none does. Task order is kept, so the optimizer
-    step, which walks sub-groups in task order, gets its first offloaded sub-group back first."""
+    node stays within the cap with it, or after the last node if none does. Task order is kept, so the optimizer
+    step, which walks sub-groups in task order, gets its first offloaded sub-group back first. `in_use_bytes`
+    is what is on the device during backward before any reload; a held task (never released) costs nothing."""
     bwd_positions = profile.bwd_positions
     later_peaks = _later_peaks([profile.nodes[position].peak_bytes for position in bwd_positions])
-    pending, in_use, reloads = deque(offloaded), resident_bytes, []
+    pending, in_use, reloads = deque(offloaded), in_use_bytes, []
+
+    def cost(task: Task) -> int:
+        return 0 if task.id in held_ids else task.bytes
+
     # zip stops before the last node: whatever is still pending goes there, fitting or not.
     for position, later_peak in zip(bwd_positions, later_peaks):
-        while pending and later_peak + in_use + pending[0].bytes <= budget_bytes:
+        while pending and later_peak + in_use + cost(pending[0]) <= cap_bytes:
             task = pending.popleft()
             reloads.append((position, task))
-            in_use += task.bytes
+            in_use += cost(task)
     reloads.extend((bwd_positions[-1], task) for task in pending)
     return reloads
+
+
+def place_releases(profile: Profile, offloaded: tuple[Task, ...], resident_bytes: int,
+                   cap_bytes: int) -> list[tuple[int, Task]]:
+    """(forward node position, task) pairs for the ordered release policy: each task released right before the
+    first forward node that would exceed the cap while it is still held (see the module docstring). Tasks not
+    listed stay held through the step."""
+    fwd_positions = [position for position, node in enumerate(profile.nodes) if not node.bwd]
+    held, held_bytes, releases = deque(offloaded), sum(task.bytes for task in offloaded), []
+    for index, position in enumerate(fwd_positions):
+        need = profile.nodes[position].peak_bytes
+        if index == len(fwd_positions) - 1:
+            need = max(need, profile.floor_bytes)
+        while held and need + resident_bytes + held_bytes > cap_bytes:
+            task = held.popleft()
+            releases.append((position, task))
+            held_bytes -= task.bytes
+    return releases
 
 
 def _later_peaks(peaks: list[int]) -> list[int]:
@@ -260,38 +297,68 @@ def _later_peaks(peaks: list[int]) -> list[int]:
     return later[::-1]
 
 
-def predict_peak(profile: Profile, resident_bytes: int, reloads: list[tuple[int, Task]]) -> int:
-    """Walk the step in execution order with the reloads applied; see the module docstring."""
+def predict_peak(profile: Profile, resident_bytes: int, offloaded: tuple[Task, ...],
+                 releases: list[tuple[int, Task]], reloads: list[tuple[int, Task]]) -> int:
+    """Walk the step in execution order with the releases and reloads applied; see the module docstring."""
+    released = {task.id for _, task in releases}
+    released_before: dict[int, int] = {}
+    for position, task in releases:
+        released_before[position] = released_before.get(position, 0) + task.bytes
     reloaded_after: dict[int, int] = {}
     for position, task in reloads:
-        reloaded_after[position] = reloaded_after.get(position, 0) + task.bytes
-    in_use, peak = resident_bytes, 0
+        if task.id in released:  # a held task's reload only points the state back at its block
+            reloaded_after[position] = reloaded_after.get(position, 0) + task.bytes
+    in_use, peak = resident_bytes + sum(task.bytes for task in offloaded), 0
     for position, node in enumerate(profile.nodes):
+        in_use -= released_before.get(position, 0)
         peak = max(peak, node.peak_bytes + in_use)
         in_use += reloaded_after.get(position, 0)
     last_peak = profile.nodes[profile.bwd_positions[-1]].peak_bytes
     return max(peak, last_peak + in_use)
 
 
-def make_plan(profile: dict, budget_bytes: int, reload: str = "asap") -> dict:
-    """The plan for one rank: which tasks to offload and where in backward to reload them."""
+def _byte_argument(value: Any, key: str) -> int:
+    _expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+    _expect(value >= 0, key, f"must be >= 0, got {value}")
+    return value
+
+
+def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: str = "recorded",
+              cap_bytes: int | None = None) -> dict:
+    """The plan for one rank: which tasks to offload, where in forward to release their device blocks (ordered
+    release only) and where in backward to reload them. `cap_bytes` defaults to the budget."""
     parsed = parse_profile(profile)
-    _expect(isinstance(budget_bytes, int) and not isinstance(budget_bytes, bool), "offload.budget_bytes",
-            f"must be an integer, got {budget_bytes!r}")
-    _expect(budget_bytes >= 0, "offload.budget_bytes", f"must be >= 0, got {budget_bytes}")
+    _byte_argument(budget_bytes, "offload.budget_bytes")
+    cap_bytes = budget_bytes if cap_bytes is None else _byte_argument(cap_bytes, "offload.peak_cap_bytes")
     _expect(reload in RELOAD_POLICIES, "offload.reload", f"must be one of {', '.join(RELOAD_POLICIES)}, got {reload!r}")
+    _expect(release in RELEASE_POLICIES, "offload.release",
+            f"must be one of {', '.join(RELEASE_POLICIES)}, got {release!r}")
 
     n_resident = count_resident(parsed.tasks, budget_bytes, parsed.forward_peak_bytes)
     resident, offloaded = parsed.tasks[:n_resident], parsed.tasks[n_resident:]
     resident_bytes = sum(task.bytes for task in resident)
+    if release == "ordered":
+        releases = place_releases(parsed, offloaded, resident_bytes, cap_bytes)
+    else:  # recorded: every block goes back at the launch, before the first node
+        releases = [(0, task) for task in offloaded]
+    released = {task.id for _, task in releases}
+    held = tuple(task for task in offloaded if task.id not in released)
+    held_bytes = sum(task.bytes for task in held)
     if reload == "asap":
-        reloads = place_reloads_asap(parsed, offloaded, resident_bytes, budget_bytes)
+        reloads = place_reloads_asap(parsed, offloaded, resident_bytes + held_bytes, cap_bytes,
+                                     frozenset(task.id for task in held))
     else:
         reloads = [(parsed.bwd_positions[-1], task) for task in offloaded]
-    predicted_peak = predict_peak(parsed, resident_bytes, reloads)
+    predicted_peak = predict_peak(parsed, resident_bytes, offloaded, releases, reloads)
     return {
         "budget_bytes": budget_bytes,
+        "peak_cap_bytes": cap_bytes,
         "reload_policy": reload,
+        "release_policy": release,
+        "releases": [] if release == "recorded" else [
+            {"task": task.id, "graph_id": parsed.nodes[position].graph_id, "bwd": False,
+             "before_node": parsed.nodes[position].name} for position, task in releases],
+        "held": [task.id for task in held],
         "offloaded": [task.id for task in offloaded],
         "offloaded_bytes": sum(task.bytes for task in offloaded),
         "resident_bytes": resident_bytes,
@@ -320,12 +387,15 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
+def _gb_to_bytes(value: float, key: str) -> int:
+    _expect(math.isfinite(value) and value >= 0, key, f"must be a finite number >= 0, got {value}")
+    return int(value * GB)
+
+
 def _budget_from_args(args: argparse.Namespace) -> int:
     if args.budget_bytes is not None:
         return args.budget_bytes
-    _expect(math.isfinite(args.budget_gb) and args.budget_gb >= 0, "offload.budget_gb",
-            f"must be a finite number >= 0, got {args.budget_gb}")
-    return int(args.budget_gb * GB)
+    return _gb_to_bytes(args.budget_gb, "offload.budget_gb")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,9 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     budget.add_argument("--budget-gb", type=float, help="device memory budget in GB (1e9 bytes)")
     budget.add_argument("--budget-bytes", type=int, help="device memory budget in bytes")
     parser.add_argument("--reload", default="asap", help=f"reload policy: {' | '.join(RELOAD_POLICIES)}")
+    parser.add_argument("--release", default="recorded", help=f"release policy: {' | '.join(RELEASE_POLICIES)}")
+    parser.add_argument("--peak-cap-gb", type=float, default=None,
+                        help="cap (GB) that releases and asap reloads are placed under; default: the budget")
     args = parser.parse_args(argv)
     try:
-        plan = make_plan(load_profile(args.profile), _budget_from_args(args), args.reload)
+        cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
+        plan = make_plan(load_profile(args.profile), _budget_from_args(args), args.reload, args.release, cap)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2

@@ -8,6 +8,8 @@
   copies every state back and waits (PR #8186's "blocking variant").
 - `empty_cache`: never | once_per_phase (at the first step after a plan is made) | per_step, applied by the op
   at the head of the first forward graph.
+- release ops (release=ordered): each sits at a site in a forward graph; the plan, made once backward is
+  compiled, says which states each site releases (the mover then holds the blocks until their site).
 While DeepCompile profiles a graph the ops do nothing: profiling runs graphs node by node, sometimes many times.
 """
 from __future__ import annotations
@@ -55,6 +57,7 @@ class OffloadRuntime:
         self.is_profiling = is_profiling
         self.slots: dict[str, StateSlot] = {}      # task id -> slot, in step order
         self.planned: frozenset[str] = frozenset()  # task ids the launch op offloads (async mode)
+        self.release_sites: dict[str, tuple[str, ...]] = {}  # release op site -> task ids it releases
         self.gated = False                          # a SubGroupGate calls before_sub_group_step
         self.fallback_reloads = 0                   # states brought back outside a reload op, cumulative
         self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
@@ -76,13 +79,18 @@ class OffloadRuntime:
     def begin_phase(self) -> None:
         """New graphs are being compiled: nothing is launched until their plan is made."""
         self.planned = frozenset()
+        self.release_sites = {}
         self._ends_since_plan = None
 
-    def finalize_plan(self, offloaded: Iterable[str]) -> None:
-        unknown = set(offloaded) - set(self.slots)
+    def finalize_plan(self, offloaded: Iterable[str], release_sites: dict[str, tuple[str, ...]] | None = None,
+                      ) -> None:
+        """Arm the plan: the launch op offloads `offloaded`; each release site frees the states listed for it."""
+        release_sites = release_sites or {}
+        unknown = (set(offloaded) | {task for tasks in release_sites.values() for task in tasks}) - set(self.slots)
         if unknown:
             raise ValueError(f"plan offloads unknown tasks {sorted(unknown)}")
         self.planned = frozenset(offloaded)
+        self.release_sites = dict(release_sites)
         self._ends_since_plan = 0
         self._warned = False
         self.cache_policy.arm()
@@ -101,6 +109,9 @@ class OffloadRuntime:
             self.cache_policy.at_step_start()
         elif entry.kind == ops.END_BACKWARD:
             self._end_backward()
+        elif entry.kind == ops.RELEASE:
+            for task_id in self.release_sites.get(entry.site, ()):
+                self.mover.release(self.slots[task_id])
 
     def _launch(self, task_ids: tuple[str, ...]) -> None:
         wanted = task_ids if self.blocking else [task_id for task_id in task_ids if task_id in self.planned]
