@@ -40,6 +40,8 @@ CONFIG_COLUMNS = {
     "offload.empty_cache": "empty_cache",
     "offload.streams": "streams",
     "offload.reload": "reload",
+    "offload.release": "release",
+    "offload.peak_cap_gb": "peak_cap_gb",
     "launcher.nproc_per_node": "nproc_per_node",
     "launcher.nnodes": "nnodes",
     "sweep.name": "sweep_name",

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import yaml
 
+from harness.envinfo import REPO_ROOT
 from harness.sinks import STEPS_FILE, SUMMARY_FILE, iter_run_dirs, read_jsonl
+
+KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "peak_cap_gb")  # our pass's, as in conf/offload
 
 
 def load_points(sweep_dirs: list[Path]) -> list[dict]:
@@ -45,11 +48,18 @@ def reserved_trajectory_gb(point: dict) -> list[float]:
             if r["phase"] == final and r.get("peak_reserved_bytes") is not None]
 
 
-def describe(point: dict) -> str:
-    knobs = point["offload"] if point["arm"] == "offload" else {}
-    extra = ",".join(f"{k}={knobs[k]}" for k in ("empty_cache", "streams", "mode", "reload", "release",
-                                                  "peak_cap_gb") if k in knobs)
-    return f"{point['arm']}" + (f"[{extra}]" if extra else "")
+def knob_defaults() -> dict:
+    return yaml.safe_load((REPO_ROOT / "conf" / "offload" / "default.yaml").read_text())
+
+
+def describe(point: dict, defaults: dict | None = None) -> str:
+    """The arm, and for our pass the knobs it ran with that differ from the defaults."""
+    if point["arm"] != "offload":
+        return point["arm"]
+    defaults = knob_defaults() if defaults is None else defaults
+    changed = [f"{k}={point['offload'][k]}" for k in KNOBS
+               if k in point["offload"] and point["offload"][k] != defaults.get(k)]
+    return "offload" + (f"[{','.join(changed)}]" if changed else "")
 
 
 def report(points: list[dict]) -> str:

@@ -81,6 +81,14 @@ class MemoryMonitor:
     def device_total_bytes(self) -> int | None:
         return torch.cuda.get_device_properties(self.device).total_memory if self.cuda else None
 
+    def used_outside_torch_bytes(self) -> int | None:
+        """Device memory in use that this process's allocator does not hold: the CUDA context, other processes.
+        DeepCompile adds it to every profiled peak, so another job on the same GPU skews the offload plans."""
+        if not self.cuda:
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        return total - free - torch.cuda.memory_reserved(self.device)
+
     def step_stats(self) -> dict[str, int | None]:
         """Peaks since the last reset, and allocator retries/OOMs since the last call."""
         if not self.cuda:

@@ -27,6 +27,7 @@ from harness.sinks import StepWriter, write_json_atomic
 
 OOM_EXIT_CODE = 3
 WORKER_FILE = "worker.json"
+SHARED_DEVICE_WARN_BYTES = 2 * 10**9  # a CUDA context takes ~0.5 GB; more than this means a neighbour
 
 
 def load_config(run_dir: Path) -> dict[str, Any]:
@@ -119,6 +120,11 @@ def run(cfg: dict, run_dir: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     train, model_cfg = cfg["train"], cfg["model"]
     monitor = MemoryMonitor(device)
+    outside = monitor.used_outside_torch_bytes()
+    if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
+        print(f"worker: rank {dist.get_rank()}: {outside / 1e9:.1f} GB of device memory in use outside this process "
+              "before the model exists: another job shares the GPU; timings and DeepCompile's memory profile "
+              "(which adds that memory to every node) are skewed", flush=True)
     budget = resolve_budget(cfg["offload"], monitor, device) if arms.arm_spec(cfg["arm"]["name"]).offloads_opt_states else None
 
     ds_config = arms.deepspeed_config(cfg, cuda)
@@ -136,7 +142,8 @@ def run(cfg: dict, run_dir: Path) -> None:
     flops_per_token = models.flops_per_token(model_cfg, n_params, train["seq_len"])
     facts = {"world_size": world, "hostnames": gather_hostnames(), "budget_bytes": budget,
              "device_total_bytes": monitor.device_total_bytes(), "phase_starts": starts, "n_params": n_params,
-             "flops_per_token": flops_per_token, "planned_offload_bytes": None}
+             "flops_per_token": flops_per_token, "planned_offload_bytes": None,
+             "used_outside_torch_bytes_at_start": outside}
     writer = StepWriter(run_dir) if rank == 0 else None
     if rank == 0:
         write_json_atomic(run_dir / WORKER_FILE, facts)

@@ -4,7 +4,9 @@
     pytest -m gpu tests/test_offload_gpu.py -k "forced or warm or blocking"
 
 Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
-separate invocations share the deepcompile baseline. Each run gets its own inductor cache dir (inductor's cache
+separate invocations share the deepcompile baseline. Run the points one at a time, never side by side on one GPU:
+DeepCompile adds the device memory used outside the process's allocator to every profiled peak, so a neighbour
+inflates the profile (seen: a 46.6 GB forward peak instead of 9.05 GB) and every plan offloads everything. Each run gets its own inductor cache dir (inductor's cache
 key does not cover our ops), except the warm re-run, which reuses the forced-all run's on purpose.
 """
 from __future__ import annotations
@@ -114,7 +116,10 @@ def test_partial_budget_offloads_the_same_bytes_as_ds_offload(runs_dir):
     ours = partial_run(runs_dir)
     theirs = run_point(runs_dir, "ds_offload_partial", ["arm=ds_offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}"])
     ours_bytes = read_json(ours, "worker.json")["planned_offload_bytes"]
-    assert ours_bytes == read_json(ours, "plan.json")["offloaded_bytes"]
+    plan = read_json(ours, "plan.json")
+    assert ours_bytes == plan["offloaded_bytes"]
+    # a partial plan, or the comparison proves nothing (a skewed profile makes both passes offload everything)
+    assert 0.2 <= ours_bytes / plan["total_state_bytes"] <= 0.8, ours_bytes
     # Both size the resident set by the forward peak; we keep the first states resident, DeepSpeed the last,
     # so with sub-groups of unequal size the two can differ by at most one state.
     largest_state = max(task["bytes"] for task in read_json(ours, "profile.json")["tasks"])
@@ -146,4 +151,15 @@ def test_blocking_mode_matches_deepcompile_losses(runs_dir, baseline):
     for row in steady_rows(run_dir):  # blocking moves every state whatever the plan says
         assert row["offload_launches"] == row["reloads"] == total_states, row
         assert row["offload_bytes"] == row["reload_bytes"] == plan["total_state_bytes"], row
+    assert_same_losses(run_dir, baseline)
+
+
+def test_ordered_release_matches_deepcompile_losses(runs_dir, baseline):
+    run_dir = run_point(runs_dir, "offload_ordered", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}",
+                                                      "offload.release=ordered", "offload.peak_cap_gb=12"])
+    plan = read_json(run_dir, "plan.json")
+    assert plan["release_policy"] == "ordered" and plan["release_sites"], plan
+    copied_back = len(plan["offloaded"]) - len(plan["held"])  # a held state is pointed back at its block
+    for row in steady_rows(run_dir):
+        assert row["offload_launches"] == len(plan["offloaded"]) and row["reloads"] == copied_back > 0, row
     assert_same_losses(run_dir, baseline)

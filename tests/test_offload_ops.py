@@ -434,10 +434,12 @@ def test_check_config_names_a_missing_knob():
 # ---------------------------------------------------------------- ZeRO-3 on DeepSpeed's CPU path
 
 
-def _zero3_losses(steps: int, offload_from_step: int | None) -> tuple[list[float], dict]:
+def _zero3_losses(steps: int, offload_from_step: int | None,
+                  release_sites: dict[str, tuple[str, ...]] | None = None) -> tuple[list[float], dict]:
     """Train a small model with DeepSpeed ZeRO-3 (CPU, world size 1). With offload_from_step, drive the runtime
     as the compiled graphs would from that step on: evict, then per step launch -> forward -> backward -> reloads
-    -> end of backward -> step (gated per sub-group)."""
+    -> end of backward -> step (gated per sub-group). With release_sites, the mover holds the offloaded blocks
+    (release=ordered) and each site's release op runs right after the launch."""
     import deepspeed
 
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
@@ -447,11 +449,13 @@ def _zero3_losses(steps: int, offload_from_step: int | None) -> tuple[list[float
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     engine, *_ = deepspeed.initialize(config=cfg, model=model, model_parameters=model.parameters())
     device = FakeDevice()
-    runtime = OffloadRuntime(StateMover(device), "async", EmptyCachePolicy("never", device.empty_cache))
+    runtime = OffloadRuntime(StateMover(device, hold=release_sites is not None), "async",
+                             EmptyCachePolicy("never", device.empty_cache))
     SubGroupGate(engine.optimizer, runtime.before_sub_group_step).install()
     runtime.gated = True
     ops.bind_runtime(runtime)
     generator = torch.Generator().manual_seed(1)
+    start = counters()
     losses, seen = [], {"on_host_in_forward": [], "tasks": []}
     try:
         for step in range(steps):
@@ -465,12 +469,14 @@ def _zero3_losses(steps: int, offload_from_step: int | None) -> tuple[list[float
                 seen["runtime"] = runtime
             if offload_from_step is not None and step >= offload_from_step:
                 call(ops.LAUNCH, tuple(runtime.slots))
+                for site in release_sites or {}:
+                    ops.op(ops.RELEASE)(torch.zeros(1), ops.REGISTRY.add(ops.RELEASE, site=site))
                 seen["on_host_in_forward"].append(sorted(t for t, s in runtime.slots.items() if s.on_host))
             loss = torch.nn.functional.mse_loss(engine(x), y)
             engine.backward(loss)
             if offload_from_step is not None and step >= offload_from_step:
                 if step == offload_from_step:
-                    runtime.finalize_plan(offloaded)
+                    runtime.finalize_plan(offloaded, release_sites)
                 for task_id in offloaded:
                     call(ops.RELOAD, (task_id,))
                 call(ops.END_BACKWARD)
@@ -478,6 +484,7 @@ def _zero3_losses(steps: int, offload_from_step: int | None) -> tuple[list[float
             losses.append(loss.item())
     finally:
         ops.bind_runtime(None)
+    seen["reloads"] = counters()["reloads"] - start["reloads"]
     return losses, seen
 
 
@@ -492,6 +499,19 @@ def test_zero3_round_trip_keeps_the_losses_of_a_run_without_offload(monkeypatch)
     assert offloaded == baseline
     # only the compile step brought states back outside reload ops: sub-group 0, which the plan keeps resident
     assert seen["runtime"].fallback_reloads == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
+def test_zero3_ordered_release_and_held_states_keep_the_losses(monkeypatch):
+    init_deepspeed_on_cpu(monkeypatch)
+    baseline, _ = _zero3_losses(5, offload_from_step=None)
+    # two of sub-group 1's states are released in the forward; its exp_avg_sq stays held all step
+    offloaded, seen = _zero3_losses(5, offload_from_step=1, release_sites={"0:mid": ("1:fp32", "1:exp_avg")})
+    assert offloaded == baseline
+    # reload ops copy back sub-group 1's 3 states at the compile step (sub-group 0 comes back outside them),
+    # then 2 per step: the held one is pointed back at its block, no copy
+    assert seen["reloads"] == 3 + 2 * 3
+    assert all(slot.held is None for slot in seen["runtime"].slots.values())
 
 
 # ---------------------------------------------------------------- install (wiring only; CUDA calls stubbed)

@@ -1,0 +1,40 @@
+"""The benchmark printer: ratios, knob labels, reserved trajectories and loss differences from run files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from harness.bench import knob_defaults, load_points, report
+
+
+def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[float], budget_gb=1e-6, **knobs):
+    run_dir = sweep / name
+    run_dir.mkdir(parents=True)
+    offload = {**knob_defaults(), "budget_gb": budget_gb, **knobs}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"arm": {"name": arm}, "offload": offload}))
+    (run_dir / "summary.json").write_text(json.dumps({
+        "status": "ok", "planned_offload_bytes": 640 if arm != "deepcompile" else None,
+        "final": {"phase": 1, "step_time_s": {"median": median}}}))
+    rows = [{"step": i, "phase": 0 if i == 0 else 1, "loss": loss, "peak_reserved_bytes": int((11 + i) * 1e9)}
+            for i, loss in enumerate(losses)]
+    (run_dir / "steps.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_report_prints_ratios_knobs_that_differ_and_loss_differences(tmp_path):
+    write_point(tmp_path, "0_dc", "deepcompile", 0.05, [10.0, 9.0, 8.0], budget_gb=None)
+    write_point(tmp_path, "1_ds", "ds_offload", 0.25, [10.0, 9.0, 8.0])
+    write_point(tmp_path, "2_ours", "offload", 0.125, [10.0, 9.0, 8.0008], release="ordered", peak_cap_gb=12)
+    text = report(load_points([tmp_path]))
+    assert "== budget_gb=1e-06" in text
+    # only knobs that differ from conf/offload/default.yaml label our pass
+    assert "ratio offload[release=ordered,peak_cap_gb=12] / ds_offload: 0.500" in text
+    assert "ratio offload[release=ordered,peak_cap_gb=12] / deepcompile: 2.500" in text
+    assert "max rel loss diff vs deepcompile 1.00e-04" in text
+    assert "final-phase peak reserved GB per step: [12.0, 13.0]" in text  # phase 1 only
+
+
+def test_report_leaves_out_ratios_without_a_finished_base(tmp_path):
+    write_point(tmp_path, "0_ours", "offload", 0.125, [10.0, 9.0])
+    assert "ratio" not in report(load_points([tmp_path]))
