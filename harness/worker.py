@@ -122,9 +122,9 @@ def run(cfg: dict, run_dir: Path) -> None:
     monitor = MemoryMonitor(device)
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
-        print(f"worker: rank {dist.get_rank()}: {outside / 1e9:.1f} GB of device memory in use outside this process "
-              "before the model exists: another job shares the GPU; timings and DeepCompile's memory profile "
-              "(which adds that memory to every node) are skewed", flush=True)
+        print(f"worker: rank {rank}: {outside / 1e9:.1f} GB of device memory in use outside this process before "
+              "the model exists: another job shares the GPU; timings and DeepCompile's memory profile (which adds "
+              "that memory to every node) are skewed", flush=True)
     budget = resolve_budget(cfg["offload"], monitor, device) if arms.arm_spec(cfg["arm"]["name"]).offloads_opt_states else None
 
     ds_config = arms.deepspeed_config(cfg, cuda)

@@ -423,6 +423,12 @@ def test_check_config_refuses_bad_knobs(key, value):
     assert error.value.key == f"offload.{key}"
 
 
+def test_check_config_refuses_ordered_release_in_blocking_mode():
+    with pytest.raises(ConfigError) as error:
+        check_config(DS_OK, {**OFFLOAD_OK, "mode": "blocking", "release": "ordered"}, grad_accum=1)
+    assert error.value.key == "offload.release"
+
+
 def test_check_config_names_a_missing_knob():
     knobs = dict(OFFLOAD_OK)
     del knobs["streams"]

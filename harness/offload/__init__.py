@@ -7,6 +7,8 @@ planned_offload_bytes()                             bytes the last plan moves of
 """
 from __future__ import annotations
 
+import math
+
 from harness.budget import GB, check_budget_keys
 from harness.errors import ConfigError
 
@@ -77,8 +79,11 @@ def _check_knobs(offload_cfg: dict) -> None:
         if offload_cfg[key] not in allowed:
             raise ConfigError(f"offload.{key}", f"must be one of {', '.join(allowed)}, got {offload_cfg[key]!r}")
     check_budget_keys(offload_cfg["budget_gb"], offload_cfg["budget_fraction"], offload_cfg["margin"])
+    if offload_cfg["release"] == "ordered" and offload_cfg["mode"] == "blocking":
+        raise ConfigError("offload.release", "ordered release needs mode=async (blocking copies all out and waits)")
     cap = offload_cfg["peak_cap_gb"]
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 <= cap < float("inf")):
+    is_number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
+    if cap is not None and not (is_number and 0 <= cap < math.inf):
         raise ConfigError("offload.peak_cap_gb", f"must be null or a finite number >= 0, got {cap!r}")
 
 
@@ -118,9 +123,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
     if not hasattr(optimizer, "fp32_partitioned_groups_flat") or not hasattr(optimizer, "_prepare_sub_group"):
         raise ConfigError("zero_optimization.stage", f"expected a ZeRO-3 optimizer, got {type(optimizer).__name__}")
     device = CudaDevice(torch.device("cuda", torch.cuda.current_device()))
-    ordered = offload_cfg["release"] == "ordered" and offload_cfg["mode"] == "async"
     runtime = OffloadRuntime(
-        StateMover(device, split_streams=offload_cfg["streams"] == "split", hold=ordered),
+        StateMover(device, split_streams=offload_cfg["streams"] == "split", hold=offload_cfg["release"] == "ordered"),
         mode=offload_cfg["mode"],
         cache_policy=EmptyCachePolicy(offload_cfg["empty_cache"], device.empty_cache),
         is_profiling=lambda: get_deepcompile_handle().is_profiling())
@@ -133,7 +137,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
         runtime, optimizer, budget_bytes, offload_cfg["reload"], PlanFiles(run_dir),
         device_total_bytes=torch.cuda.get_device_properties(device.device).total_memory,
         current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps),
-        release_policy="ordered" if ordered else "recorded", cap_bytes=peak_cap_bytes(offload_cfg))
+        release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg))
     schedule.register_passes(engine, offload_pass)
     global _installed
     _installed = offload_pass

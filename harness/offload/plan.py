@@ -317,19 +317,13 @@ def predict_peak(profile: Profile, resident_bytes: int, offloaded: tuple[Task, .
     return max(peak, last_peak + in_use)
 
 
-def _byte_argument(value: Any, key: str) -> int:
-    _expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
-    _expect(value >= 0, key, f"must be >= 0, got {value}")
-    return value
-
-
 def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: str = "recorded",
               cap_bytes: int | None = None) -> dict:
     """The plan for one rank: which tasks to offload, where in forward to release their device blocks (ordered
     release only) and where in backward to reload them. `cap_bytes` defaults to the budget."""
     parsed = parse_profile(profile)
-    _byte_argument(budget_bytes, "offload.budget_bytes")
-    cap_bytes = budget_bytes if cap_bytes is None else _byte_argument(cap_bytes, "offload.peak_cap_bytes")
+    _byte_count(budget_bytes, "offload.budget_bytes")
+    cap_bytes = budget_bytes if cap_bytes is None else _byte_count(cap_bytes, "offload.peak_cap_bytes")
     _expect(reload in RELOAD_POLICIES, "offload.reload", f"must be one of {', '.join(RELOAD_POLICIES)}, got {reload!r}")
     _expect(release in RELEASE_POLICIES, "offload.release",
             f"must be one of {', '.join(RELEASE_POLICIES)}, got {release!r}")
