@@ -360,18 +360,14 @@ def _reload_lines(code: str) -> list[tuple[int, str, int]]:
     return found
 
 
-def test_inductor_keeps_the_ops_in_program_order_after_their_anchors(tmp_path, monkeypatch):
+def compile_with_inductor(tmp_path, runtime, offload_pass) -> tuple[dict[str, list], list[str]]:
+    """Three training steps of a small model through stock inductor with our passes run at compile time.
+    Returns the ops the passes inserted per graph ("fwd", "bwd") and inductor's generated code."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._inductor.utils import run_and_get_code
 
-    monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
-    optimizer = FakeZero3Optimizer()
-    device = FakeDevice()
-    runtime = RecordingRuntime(StateMover(device), "async", EmptyCachePolicy("per_step", device.empty_cache))
     results: dict[int, ProfilingResult] = {}
-    offload_pass = OffloadPass(runtime, optimizer, FLOOR + 58, "asap", PlanFiles(str(tmp_path)), 10_000,
-                               current_phase=lambda: 1, writes_files=lambda: True)
     graph_id, order = 1, [(1, True)]
     inserted: dict[str, list] = {}
 
@@ -398,7 +394,7 @@ def test_inductor_keeps_the_ops_in_program_order_after_their_anchors(tmp_path, m
     def one_step():
         loss = compiled(x, w1, w2)
         loss.backward()
-        optimizer.step()
+        offload_pass.zero_optimizer.step()
         return loss
 
     ops.bind_runtime(runtime)
@@ -409,16 +405,29 @@ def test_inductor_keeps_the_ops_in_program_order_after_their_anchors(tmp_path, m
             one_step()
     finally:
         ops.bind_runtime(None)
+    return inserted, codes
+
+
+def assert_program_order_every_step(runtime, inserted: dict[str, list]) -> None:
+    program = [(ops.REGISTRY.entry(idx).kind, ops.REGISTRY.entry(idx).task_ids)
+               for _, idx in inserted["fwd"] + inserted["bwd"]]
+    assert len(runtime.calls) == 3 * len(program)
+    for step in range(3):
+        assert runtime.calls[step * len(program):(step + 1) * len(program)] == program
+
+
+def test_inductor_keeps_the_ops_in_program_order_after_their_anchors(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+    device = FakeDevice()
+    runtime = RecordingRuntime(StateMover(device), "async", EmptyCachePolicy("per_step", device.empty_cache))
+    offload_pass = OffloadPass(runtime, FakeZero3Optimizer(), FLOOR + 58, "asap", PlanFiles(str(tmp_path)), 10_000,
+                               current_phase=lambda: 1, writes_files=lambda: True)
+    inserted, codes = compile_with_inductor(tmp_path, runtime, offload_pass)
     plan = read_plan(tmp_path)
     assert plan["reloads"], "the test needs a plan that reloads something"
 
     # program order, every step: empty cache, launch, the reloads as inserted, end of backward
-    program = [(ops.REGISTRY.entry(idx).kind, ops.REGISTRY.entry(idx).task_ids)
-               for _, idx in inserted["fwd"] + inserted["bwd"]]
-    calls_per_step = len(program)
-    assert len(runtime.calls) == 3 * calls_per_step
-    for step in range(3):
-        assert runtime.calls[step * calls_per_step:(step + 1) * calls_per_step] == program
+    assert_program_order_every_step(runtime, inserted)
     assert runtime.fallback_reloads == len(TASK_BYTES) - len(plan["offloaded"])  # compile step only
 
     # generated code: launch before the forward's first kernel; each reload after the kernel that computes its
@@ -443,6 +452,30 @@ def test_inductor_keeps_the_ops_in_program_order_after_their_anchors(tmp_path, m
         assert writers, f"no kernel computes {buffer} before the reload that reads it"
     end_line = next(i for i, line in enumerate(bwd_lines) if f"{ops.NAMESPACE}.{ops.END_BACKWARD}" in line)
     assert all(number < end_line for number, _, _ in reloads)
+
+
+def test_inductor_runs_the_release_sites_in_program_order_and_frees_the_planned_states(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+    device = FakeDevice()
+    runtime = RecordingRuntime(StateMover(device, hold=True), "async", EmptyCachePolicy("never", device.empty_cache))
+    offload_pass = OffloadPass(runtime, FakeZero3Optimizer(), 0, "asap", PlanFiles(str(tmp_path)), 10_000,
+                               current_phase=lambda: 1, writes_files=lambda: True, release_policy="ordered",
+                               cap_bytes=FLOOR // 2 + sum(TASK_BYTES.values()))
+    inserted, codes = compile_with_inductor(tmp_path, runtime, offload_pass)
+    plan = read_plan(tmp_path)
+    assert plan["releases"] and plan["release_sites"], "the test needs a plan that releases something"
+    assert_program_order_every_step(runtime, inserted)
+    # every release op inserted in the forward survives inductor and runs, after the launch
+    forward_code = codes[0]
+    release_lines = [i for i, line in enumerate(forward_code.splitlines())
+                     if f"{ops.NAMESPACE}.{ops.RELEASE}" in line]
+    launch_line = next(i for i, line in enumerate(forward_code.splitlines())
+                       if f"{ops.NAMESPACE}.{ops.LAUNCH}" in line)
+    assert len(release_lines) == sum(target is ops.op(ops.RELEASE) for target, _ in inserted["fwd"]) > 0
+    assert all(line > launch_line for line in release_lines)
+    # after three steps nothing is left held or on the host: the released states were copied back, the held
+    # ones pointed back at their blocks
+    assert all(slot.held is None and not slot.on_host for slot in runtime.slots.values())
 
 
 # ---------------------------------------------------------------- the schedule
