@@ -233,12 +233,18 @@ def test_release_op_frees_the_states_the_plan_assigned_to_its_site(bound):
     assert not any(slot.on_host for slot in runtime.slots.values()) and runtime.fallback_reloads == 0
 
 
-def test_async_step_moves_only_planned_states_and_counts_them(bound):
+def gated_runtime(bound):
+    """A bound runtime whose optimizer's sub-groups each wait for their own states (as install() sets it up)."""
     optimizer = FakeZero3Optimizer()
     runtime, device = make_runtime(optimizer)
     bound(runtime)
     SubGroupGate(optimizer, runtime.before_sub_group_step).install()
     runtime.gated = True
+    return optimizer, runtime, device
+
+
+def test_async_step_moves_only_planned_states_and_counts_them(bound):
+    optimizer, runtime, device = gated_runtime(bound)
     all_ids = tuple(runtime.slots)
     plan_all(runtime, ["1:fp32", "1:exp_avg", "1:exp_avg_sq"])
     start = counters()
@@ -256,11 +262,7 @@ def test_async_step_moves_only_planned_states_and_counts_them(bound):
 
 
 def test_gate_makes_each_sub_group_wait_only_for_its_own_reloads(bound):
-    optimizer = FakeZero3Optimizer()
-    runtime, device = make_runtime(optimizer)
-    bound(runtime)
-    SubGroupGate(optimizer, runtime.before_sub_group_step).install()
-    runtime.gated = True
+    optimizer, runtime, device = gated_runtime(bound)
     plan_all(runtime, list(runtime.slots))
     call(ops.LAUNCH, tuple(runtime.slots))
     for task_id in runtime.slots:
