@@ -261,14 +261,19 @@ def test_async_step_moves_only_planned_states_and_counts_them(bound):
     assert runtime.fallback_reloads == 0
 
 
-def test_gate_makes_each_sub_group_wait_only_for_its_own_reloads(bound):
-    optimizer, runtime, device = gated_runtime(bound)
+def offload_all_and_end_backward(runtime, device) -> None:
+    """A step that offloads and reloads every state; the device log keeps only what the end of backward did."""
     plan_all(runtime, list(runtime.slots))
     call(ops.LAUNCH, tuple(runtime.slots))
     for task_id in runtime.slots:
         call(ops.RELOAD, (task_id,))
     device.log.clear()
     call(ops.END_BACKWARD)
+
+
+def test_gate_makes_each_sub_group_wait_only_for_its_own_reloads(bound):
+    optimizer, runtime, device = gated_runtime(bound)
+    offload_all_and_end_backward(runtime, device)
     assert not any(entry[:2] == ("wait_event", "compute") for entry in device.log)  # no wait-for-all
     before = optimizer.snapshot()
     optimizer.step()
@@ -282,12 +287,7 @@ def test_gate_makes_each_sub_group_wait_only_for_its_own_reloads(bound):
 def test_without_gate_end_of_backward_makes_compute_wait_for_every_reload(bound):
     runtime, device = make_runtime(FakeZero3Optimizer())
     bound(runtime)
-    plan_all(runtime, list(runtime.slots))
-    call(ops.LAUNCH, tuple(runtime.slots))
-    for task_id in runtime.slots:
-        call(ops.RELOAD, (task_id,))
-    device.log.clear()
-    call(ops.END_BACKWARD)
+    offload_all_and_end_backward(runtime, device)
     assert sum(entry[:2] == ("wait_event", "compute") for entry in device.log) == len(runtime.slots)
     assert not any(entry[0] == "synchronize" for entry in device.log)  # a stream wait, not a host wait
 
