@@ -119,6 +119,15 @@ def _data_rows(frame: pd.DataFrame, kind: str, x: str, y: str, low: list[float] 
     })
 
 
+def _median_with_iqr(ax, frame: pd.DataFrame, series: str, kind: str, x: str, y: str, p25: str,
+                     p75: str) -> pd.DataFrame:
+    """One series as medians with p25-p75 error bars in its arm's style; returns what it drew."""
+    colour, marker = arm_style(frame["arm"].iloc[0])
+    low, high = _iqr(frame, y, p25, p75)
+    ax.errorbar(frame[x], frame[y], yerr=[low, high], color=colour, marker=marker, label=series)
+    return _data_rows(frame, kind, x, y, low, high)
+
+
 def _budget_points(points: pd.DataFrame, values: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Offload arms by budget (ok and failed) and the non-offload arms' ok rows, as series."""
     points_design = design(points)
@@ -143,12 +152,9 @@ def step_time_vs_budget(points: pd.DataFrame) -> Plot:
         offloaded_ax = ax.twinx()
         offloaded_ax.grid(False)
         for series, frame in ok.groupby("series", sort=False):
-            colour, marker = arm_style(frame["arm"].iloc[0])
-            low, high = _iqr(frame, STEP_TIME, p25, p75)
-            ax.errorbar(frame["budget_resolved_gb"], frame[STEP_TIME], yerr=[low, high], color=colour,
-                        marker=marker, label=series)
-            data.append(_data_rows(frame, "step_time_s", "budget_resolved_gb", STEP_TIME, low, high))
+            data.append(_median_with_iqr(ax, frame, series, "step_time_s", "budget_resolved_gb", STEP_TIME, p25, p75))
             if frame["final_offload_bytes_median"].notna().any():
+                colour, marker = arm_style(frame["arm"].iloc[0])
                 offloaded_ax.plot(frame["budget_resolved_gb"], frame["final_offload_bytes_median"] / GB,
                                   color=colour, marker=marker, linestyle="--", markerfacecolor="none",
                                   label=f"{series}: offloaded")
@@ -219,11 +225,7 @@ def throughput_vs_micro_batch(points: pd.DataFrame) -> Plot:
         figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")
         ok = aggregated[aggregated["n_ok"] > 0]
         for series, frame in ok.groupby("series", sort=False):
-            colour, marker = arm_style(frame["arm"].iloc[0])
-            low, high = _iqr(frame, TOKENS_PER_S, p25, p75)
-            ax.errorbar(frame["micro_batch"], frame[TOKENS_PER_S], yerr=[low, high], color=colour,
-                        marker=marker, label=series)
-            data.append(_data_rows(frame, "tokens_per_s", "micro_batch", TOKENS_PER_S, low, high))
+            data.append(_median_with_iqr(ax, frame, series, "tokens_per_s", "micro_batch", TOKENS_PER_S, p25, p75))
         failed = aggregated[aggregated["n_ok"] == 0]
         _annotate_failures(ax, failed, "micro_batch")
         data.append(_data_rows(failed, "failed", "micro_batch", TOKENS_PER_S))
