@@ -33,9 +33,10 @@ def _present(rows: Iterable[dict], key: str) -> list:
 
 
 def phase_stats(phase: int, rows: list[dict]) -> dict[str, Any]:
-    """Statistics of one phase; its first step compiles (or warms up) and is reported apart."""
+    """Statistics of one phase; its first step compiles (or warms up) and is reported apart, and a step slowed by
+    a debug trace (`traced`) is left out of the time statistics."""
     first = [r for r in rows if r["phase_step"] == 0]
-    measured = [r for r in rows if r["phase_step"] > 0]
+    measured = [r for r in rows if r["phase_step"] > 0 and not r.get("traced")]
     maxima = {k: (max(v) if (v := _present(rows, k)) else None)
               for k in ("peak_allocated_bytes", "peak_reserved_bytes")}
     sums = {k: (sum(v) if (v := _present(rows, k)) else None) for k in ("alloc_retries", "ooms")}

@@ -50,10 +50,23 @@ def check_launcher(cfg: dict[str, Any], gpu_count: int | None) -> None:
                           f"{launcher['nproc_per_node']} ranks per node but this node has {gpu_count} GPUs")
 
 
+def bad_debug_step(debug: dict[str, Any], steps: int) -> str | None:
+    """The first debug.*_step key (a step to look inside) that is neither null nor a step of the run."""
+    for key in ("profile_step", "memory_trace_step"):
+        value = debug.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < steps):
+            return key
+    return None
+
+
 def check_misc(cfg: dict[str, Any]) -> None:
     debug = cfg["debug"]
     if debug["fault"] not in FAULTS:
         raise ConfigError("debug.fault", f"must be one of {FAULTS}, got {debug['fault']!r}")
+    bad_step = bad_debug_step(debug, cfg["train"]["steps"])
+    if bad_step is not None:
+        raise ConfigError(f"debug.{bad_step}",
+                          f"must be null or a step in [0, train.steps={cfg['train']['steps']}), got {debug[bad_step]!r}")
     if cfg["logger"]["name"] not in LOGGERS:
         raise ConfigError("logger.name", f"must be one of {LOGGERS}, got {cfg['logger']['name']!r}")
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from harness import arms, models
 from harness.budget import resolve_budget_bytes
+from harness.diagnostics import StepDiagnostics
 from harness.metrics import OFFLOAD_COUNTERS, MemoryMonitor, aggregate_over_ranks, phase_of
 from harness.sinks import StepWriter, write_json_atomic
 
@@ -152,11 +153,13 @@ def run(cfg: dict, run_dir: Path) -> None:
     counters = OffloadCounters(cfg["arm"]["name"])
     tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
     vocab = model_cfg["config"]["vocab_size"]
+    diagnostics = StepDiagnostics(cfg["debug"], rank, monitor.cuda)
     for step in range(train["steps"]):
         inject_fault(cfg, step, rank)
         phase, phase_step = phase_of(step, starts)
         monitor.reset_peaks()
         synchronize(device)
+        diagnostics.before(step, device)
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         for _ in range(train["grad_accum"]):
@@ -168,8 +171,10 @@ def run(cfg: dict, run_dir: Path) -> None:
         slow_down(cfg, step, rank)
         synchronize(device)  # the one sync per step: the time covers all queued device work
         step_time = time.perf_counter() - start
+        diagnostics.after(step, device, run_dir)
         record = {"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
-                  "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(), **counters.step_deltas()}
+                  "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(), **counters.step_deltas(),
+                  "traced": diagnostics.traces(step)}
         record = aggregate_over_ranks(record, device)
         record["tokens"] = tokens
         record["tokens_per_s"] = tokens / record["step_time_s"]

@@ -99,6 +99,10 @@ def test_unknown_group_option_is_one_line_naming_the_group():
     (["arm=ds_offload", "arm.variant=fast"], "arm.variant"),
     (["train.seq_len=4096"], "train.seq_len"),
     (["debug.fault=segfault"], "debug.fault"),
+    (["train.steps=6", "debug.memory_trace_step=6"], "debug.memory_trace_step"),
+    (["debug.memory_trace_step=-1"], "debug.memory_trace_step"),
+    (["debug.memory_trace_step=true"], "debug.memory_trace_step"),
+    (["debug.profile_step=1.5"], "debug.profile_step"),
 ])
 def test_bad_values_name_their_key(overrides, key):
     cfg = OmegaConf.to_container(compose_config(overrides), resolve=True)

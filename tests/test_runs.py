@@ -81,12 +81,21 @@ def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
 
 
 def test_two_rank_gloo_run(tmp_path):
-    proc = harness_run(tmp_path, "logger=none", "launcher.nproc_per_node=2")
+    # rank 0 profiles step 2; the memory trace needs CUDA: on CPU it is skipped with a line, and the run goes on
+    proc = harness_run(tmp_path, "logger=none", "launcher.nproc_per_node=2", "debug.profile_step=2",
+                       "debug.memory_trace_step=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, summary = load(tmp_path / "run")
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert summary["status"] == "ok" and summary["world_size"] == 2 and env["world_size"] == 2
     assert all(r["tokens"] == 2 * 2 * 32 for r in rows)
+    assert [r["traced"] for r in rows] == [False, False, True, False]  # only the profiled step (no CUDA trace)
+    assert "debug.memory_trace_step needs CUDA" in (tmp_path / "run" / "worker.log").read_text()
+    assert not (tmp_path / "run" / "memory_trace.json").exists()
+    trace = json.loads((tmp_path / "run" / "torch_trace.json").read_text())
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any(name.startswith("aten::") for name in names)  # the step's operators were recorded
+    assert "Self CPU" in (tmp_path / "run" / "torch_ops.txt").read_text()
 
 
 def test_cuda_arm_on_cpu_is_skipped_not_crashed(tmp_path):

@@ -1,0 +1,64 @@
+"""Opt-in looks inside one optimizer step on rank 0, for when a number needs explaining.
+
+- `debug.profile_step=K`: a torch.profiler trace of step K (host, and device with CUDA), written as
+  `torch_trace.json` (Chrome trace: https://ui.perfetto.dev) and `torch_ops.txt` (operators by self time).
+- `debug.memory_trace_step=K`: the caching allocator's history during step K (CUDA only; memory_trace.py).
+Both slow the step they look at: its time in steps.jsonl is not a measurement.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from harness import memory_trace
+
+TRACE_FILE = "torch_trace.json"
+TABLE_FILE = "torch_ops.txt"
+TABLE_ROWS = 40
+
+
+class StepDiagnostics:
+    """Starts and stops the requested recorders around a step (call `before` after the step-start sync and
+    `after` after the step-end sync, so they cover exactly one step)."""
+
+    def __init__(self, debug: dict, rank: int, cuda: bool):
+        self.cuda = cuda
+        self.profile_step = debug.get("profile_step") if rank == 0 else None
+        self.memory_step = debug.get("memory_trace_step") if rank == 0 else None
+        if self.memory_step is not None and not cuda:
+            print("worker: debug.memory_trace_step needs CUDA (it traces the caching allocator); no trace written",
+                  flush=True)
+            self.memory_step = None
+        self._profiler: torch.profiler.profile | None = None
+
+    def traces(self, step: int) -> bool:
+        """Whether a recorder runs during this step (its time is then left out of the medians)."""
+        return step in (self.profile_step, self.memory_step)
+
+    def before(self, step: int, device: torch.device) -> None:
+        if step == self.memory_step:
+            memory_trace.start(device)
+        if step == self.profile_step:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profiler = torch.profiler.profile(activities=activities)
+            self._profiler.start()
+
+    def after(self, step: int, device: torch.device, run_dir: Path) -> None:
+        if step == self.profile_step and self._profiler is not None:
+            self._profiler.stop()
+            self._write_profile(run_dir)
+            self._profiler = None
+        if step == self.memory_step:
+            memory_trace.stop_and_write(run_dir, device)
+
+    def _write_profile(self, run_dir: Path) -> None:
+        tmp = run_dir / f"{TRACE_FILE}.tmp"
+        self._profiler.export_chrome_trace(str(tmp))
+        os.replace(tmp, run_dir / TRACE_FILE)
+        sort_by = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+        table = self._profiler.key_averages().table(sort_by=sort_by, row_limit=TABLE_ROWS)
+        (run_dir / TABLE_FILE).write_text(table + "\n")

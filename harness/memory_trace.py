@@ -1,0 +1,114 @@
+"""One optimizer step's caching-allocator history, to see why reserved memory grows.
+
+`debug.memory_trace_step=K` (diagnostics.py) records the allocator's actions during step K on rank 0 and writes
+to the run dir:
+- `memory_snapshot.pickle`: torch's snapshot (open it at https://pytorch.org/memory_viz);
+- `memory_trace.json`: its summary (`summarize`): per stream, the reserved and in-use bytes at the step's end;
+  the device memory newly mapped during the step, grouped by the code that asked for it; and the peak of freed
+  bytes the allocator could not reuse yet (blocks freed while another stream's work on them was still pending,
+  i.e. `record_stream`): the memory a host running ahead of the device makes the pool grow by.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Iterable
+
+SNAPSHOT_FILE = "memory_snapshot.pickle"
+TRACE_FILE = "memory_trace.json"
+MAX_ENTRIES = 500_000           # allocator actions kept; one probe step makes a few tens of thousands
+GROWTH_ACTIONS = ("segment_alloc", "segment_map")     # new device memory (cudaMalloc, or expandable mapping)
+SHRINK_ACTIONS = ("segment_free", "segment_unmap")
+TOP_SITES = 12
+
+
+def start(device) -> None:
+    """Begin recording allocator actions with Python stacks (cheaper than C++ ones)."""
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python", device=device)
+
+
+def stop_and_write(run_dir: Path, device) -> dict:
+    """Snapshot, stop recording, write both files; returns the summary."""
+    import torch
+
+    from harness.sinks import write_json_atomic
+
+    snapshot = torch.cuda.memory._snapshot(device)
+    torch.cuda.memory._record_memory_history(enabled=None, device=device)
+    tmp = run_dir / f"{SNAPSHOT_FILE}.tmp"
+    with open(tmp, "wb") as handle:
+        pickle.dump(snapshot, handle)
+    os.replace(tmp, run_dir / SNAPSHOT_FILE)
+    summary = summarize(snapshot, torch.device(device).index or 0)
+    write_json_atomic(run_dir / TRACE_FILE, summary)
+    return summary
+
+
+def where(frames: Iterable[dict], depth: int = 2) -> str:
+    """The innermost `depth` frames outside torch's own package: the code that asked for the memory
+    (inductor's generated modules live elsewhere and count as the caller's code)."""
+    ours = [f for f in frames if f"{os.sep}torch{os.sep}" not in f.get("filename", "")]
+    return " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in ours[:depth]) or "?"
+
+
+def stream_summary(segments: list[dict]) -> list[dict]:
+    """Per stream: segments, reserved, allocated, awaiting-free bytes and the largest free block."""
+    by_stream: dict[int, dict[str, Any]] = {}
+    for segment in segments:
+        row = by_stream.setdefault(segment["stream"], {"stream": segment["stream"], "segments": 0,
+                                                       "reserved_bytes": 0, "allocated_bytes": 0,
+                                                       "awaiting_free_bytes": 0, "largest_free_block_bytes": 0})
+        row["segments"] += 1
+        row["reserved_bytes"] += segment["total_size"]
+        row["allocated_bytes"] += segment["allocated_size"]
+        row["awaiting_free_bytes"] += segment["active_size"] - segment["allocated_size"]
+        free = [block["size"] for block in segment.get("blocks", []) if block["state"] == "inactive"]
+        row["largest_free_block_bytes"] = max([row["largest_free_block_bytes"], *free])
+    return sorted(by_stream.values(), key=lambda row: -row["reserved_bytes"])
+
+
+def growth_sites(trace: list[dict], top: int = TOP_SITES) -> list[dict]:
+    """New device memory during the trace, grouped by (stream, code site), largest first."""
+    sites: dict[tuple[int, str], dict[str, Any]] = {}
+    for entry in trace:
+        if entry["action"] in GROWTH_ACTIONS:
+            key = (entry.get("stream", 0), where(entry.get("frames", [])))
+            site = sites.setdefault(key, {"stream": key[0], "where": key[1], "bytes": 0, "count": 0})
+            site["bytes"] += entry["size"]
+            site["count"] += 1
+    return sorted(sites.values(), key=lambda site: -site["bytes"])[:top]
+
+
+def peak_deferred_free_bytes(trace: list[dict]) -> int:
+    """The most bytes at once that were freed (free_requested) but not yet reusable (free_completed): the
+    allocator completes a free only once every stream recorded on the block has passed its event."""
+    pending: dict[int, int] = {}
+    running = peak = 0
+    for entry in trace:
+        if entry["action"] == "free_requested":
+            pending[entry["addr"]] = entry["size"]
+            running += entry["size"]
+        elif entry["action"] == "free_completed" and entry["addr"] in pending:
+            running -= pending.pop(entry["addr"])
+        peak = max(peak, running)
+    return peak
+
+
+def summarize(snapshot: dict, device_index: int = 0) -> dict:
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device_index] if device_index < len(traces) else []
+    streams = stream_summary(snapshot.get("segments", []))
+    return {
+        "reserved_bytes": sum(row["reserved_bytes"] for row in streams),
+        "allocated_bytes": sum(row["allocated_bytes"] for row in streams),
+        "streams": streams,
+        "trace_entries": len(trace),
+        "mapped_bytes": sum(e["size"] for e in trace if e["action"] in GROWTH_ACTIONS),
+        "unmapped_bytes": sum(e["size"] for e in trace if e["action"] in SHRINK_ACTIONS),
+        "growth_sites": growth_sites(trace),
+        "peak_deferred_free_bytes": peak_deferred_free_bytes(trace),
+        "ooms": sum(1 for e in trace if e["action"] == "oom"),
+    }
