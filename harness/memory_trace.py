@@ -47,10 +47,16 @@ def stop_and_write(run_dir: Path, device) -> dict:
     return summary
 
 
-def where(frames: Iterable[dict], depth: int = 2) -> str:
-    """The innermost `depth` frames outside torch's own package: the code that asked for the memory
-    (inductor's generated modules live elsewhere and count as the caller's code)."""
-    ours = [f for f in frames if f"{os.sep}torch{os.sep}" not in f.get("filename", "")]
+def torch_package_dir() -> str:
+    import torch
+
+    return os.path.dirname(torch.__file__) + os.sep
+
+
+def where(frames: Iterable[dict], skip_prefix: str, depth: int = 2) -> str:
+    """The innermost `depth` frames outside `skip_prefix` (torch's own package): the code that asked for the
+    memory (inductor's generated modules live elsewhere and count as the caller's code)."""
+    ours = [f for f in frames if not f.get("filename", "").startswith(skip_prefix)]
     return " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in ours[:depth]) or "?"
 
 
@@ -72,10 +78,11 @@ def stream_summary(segments: list[dict]) -> list[dict]:
 
 def growth_sites(trace: list[dict], top: int = TOP_SITES) -> list[dict]:
     """New device memory during the trace, grouped by (stream, code site), largest first."""
+    skip_prefix = torch_package_dir()
     sites: dict[tuple[int, str], dict[str, Any]] = {}
     for entry in trace:
         if entry["action"] in GROWTH_ACTIONS:
-            key = (entry.get("stream", 0), where(entry.get("frames", [])))
+            key = (entry.get("stream", 0), where(entry.get("frames", []), skip_prefix))
             site = sites.setdefault(key, {"stream": key[0], "where": key[1], "bytes": 0, "count": 0})
             site["bytes"] += entry["size"]
             site["count"] += 1
@@ -100,7 +107,8 @@ def peak_deferred_free_bytes(trace: list[dict]) -> int:
 def summarize(snapshot: dict, device_index: int = 0) -> dict:
     traces = snapshot.get("device_traces") or []
     trace = traces[device_index] if device_index < len(traces) else []
-    streams = stream_summary(snapshot.get("segments", []))
+    streams = stream_summary([segment for segment in snapshot.get("segments", [])
+                              if segment.get("device", device_index) == device_index])
     return {
         "reserved_bytes": sum(row["reserved_bytes"] for row in streams),
         "allocated_bytes": sum(row["allocated_bytes"] for row in streams),

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from harness import memory_trace
 
-TORCH_FRAME = {"filename": "/venv/lib/python3.12/site-packages/torch/cuda/memory.py", "line": 10, "name": "alloc"}
-RELOAD = {"filename": "/repo/harness/offload/mover.py", "line": 141, "name": "reload"}
-RUNTIME = {"filename": "/repo/harness/offload/runtime.py", "line": 120, "name": "_reload"}
+TORCH_FRAME = {"filename": memory_trace.torch_package_dir() + "cuda/memory.py", "line": 10, "name": "alloc"}
+# a checkout under a directory named torch must still count as the caller's code
+RELOAD = {"filename": "/opt/torch/repo/harness/offload/mover.py", "line": 141, "name": "reload"}
+RUNTIME = {"filename": "/opt/torch/repo/harness/offload/runtime.py", "line": 120, "name": "_reload"}
 KERNEL = {"filename": "/tmp/torchinductor_root/ab/cabc.py", "line": 77, "name": "call"}
 
 
@@ -20,7 +21,8 @@ def segment(stream, blocks):
 def test_streams_sum_reserved_in_use_awaiting_and_largest_free_block():
     snapshot = {"segments": [segment(0, [("active_allocated", 100), ("inactive", 30), ("inactive", 50)]),
                              segment(0, [("active_awaiting_free", 40), ("inactive", 20)]),
-                             segment(7, [("active_allocated", 8)])],
+                             segment(7, [("active_allocated", 8)]),
+                             {**segment(0, [("active_allocated", 1000)]), "device": 1}],  # another GPU's
                 "device_traces": [[]]}
     summary = memory_trace.summarize(snapshot)
     assert summary["reserved_bytes"] == 248 and summary["allocated_bytes"] == 108
