@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 TRACE_FILE = "memory_trace.json"
-MAX_ENTRIES = 500_000           # allocator actions kept; one probe step makes a few tens of thousands
+MAX_ENTRIES = 500_000           # allocator actions kept; beyond it torch drops the oldest
 GROWTH_ACTIONS = ("segment_alloc", "segment_map")     # new device memory (cudaMalloc, or expandable mapping)
 SHRINK_ACTIONS = ("segment_free", "segment_unmap")
 TOP_SITES = 12
