@@ -98,6 +98,25 @@ def test_two_rank_gloo_run(tmp_path):
     assert "Self CPU" in (tmp_path / "run" / "torch_ops.txt").read_text()
 
 
+@pytest.mark.gpu
+def test_profile_and_memory_trace_of_one_step_on_cuda(tmp_path):
+    # torch Adam: no DeepSpeed op build, so the run takes about a minute
+    proc = harness_run(tmp_path, "logger=none", "train.torch_adam=true", "debug.profile_step=1",
+                       "debug.memory_trace_step=2")
+    run = tmp_path / "run"
+    _, summary = load(run)
+    assert summary["status"] == "ok", proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    trace = json.loads((run / "memory_trace.json").read_text())
+    assert trace["trace_entries"] > 0 and trace["streams"]
+    assert trace["reserved_bytes"] >= trace["allocated_bytes"] > 0
+    assert (run / "memory_snapshot.pickle").stat().st_size > 0
+
+    events = json.loads((run / "torch_trace.json").read_text())["traceEvents"]
+    assert any(event.get("cat") == "kernel" for event in events)  # device kernels were recorded
+    assert "CUDA" in (run / "torch_ops.txt").read_text()
+
+
 def test_cuda_arm_on_cpu_is_skipped_not_crashed(tmp_path):
     proc = harness_run(tmp_path, "logger=none", "arm=deepcompile")
     assert proc.returncode == 0, proc.stderr[-3000:]
