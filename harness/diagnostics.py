@@ -1,7 +1,8 @@
 """Opt-in looks inside one optimizer step on rank 0, for when a number needs explaining.
 
 - `debug.profile_step=K`: a torch.profiler trace of step K (host, and device with CUDA), written as
-  `torch_trace.json` (Chrome trace: https://ui.perfetto.dev) and `torch_ops.txt` (operators by self time).
+  `torch_trace.json` (Chrome trace: https://ui.perfetto.dev) and `torch_ops.txt` (operators by self host time,
+  then, with CUDA, by self device time: an op that costs only host time, such as ours, shows in the first).
 - `debug.memory_trace_step=K`: the caching allocator's history during step K (CUDA only; memory_trace.py).
 Both slow the step they look at: its time in steps.jsonl is not a measurement.
 """
@@ -59,6 +60,7 @@ class StepDiagnostics:
         tmp = run_dir / f"{TRACE_FILE}.tmp"
         self._profiler.export_chrome_trace(str(tmp))
         os.replace(tmp, run_dir / TRACE_FILE)
-        sort_by = "self_device_time_total" if self.cuda else "self_cpu_time_total"
-        table = self._profiler.key_averages().table(sort_by=sort_by, row_limit=TABLE_ROWS)
-        (run_dir / TABLE_FILE).write_text(table + "\n")
+        averages = self._profiler.key_averages()
+        orders = ["self_cpu_time_total"] + (["self_device_time_total"] if self.cuda else [])
+        tables = [f"operators by {order}\n" + averages.table(sort_by=order, row_limit=TABLE_ROWS) for order in orders]
+        (run_dir / TABLE_FILE).write_text("\n\n".join(tables) + "\n")

@@ -60,4 +60,5 @@ def collect_env(cfg: dict[str, Any]) -> dict[str, Any]:
         "world_size": launcher["nproc_per_node"] * launcher.get("nnodes", 1),
         "hostnames": [socket.gethostname()],
         "pytorch_cuda_alloc_conf": cfg["env"]["pytorch_cuda_alloc_conf"],
+        "reserved_cap_gb": cfg["env"]["reserved_cap_gb"],
     }

@@ -1,6 +1,7 @@
 """Refuse bad configs before anything is launched, with one line that names the offending key."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from harness import arms
@@ -59,6 +60,13 @@ def bad_debug_step(debug: dict[str, Any], steps: int) -> str | None:
     return None
 
 
+def check_env(cfg: dict[str, Any]) -> None:
+    cap = cfg["env"]["reserved_cap_gb"]
+    is_number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
+    if cap is not None and not (is_number and 0 < cap < math.inf):
+        raise ConfigError("env.reserved_cap_gb", f"must be null or a finite number > 0, got {cap!r}")
+
+
 def check_misc(cfg: dict[str, Any]) -> None:
     debug = cfg["debug"]
     if debug["fault"] not in FAULTS:
@@ -79,6 +87,7 @@ def validate(cfg: dict[str, Any], gpu_count: int | None) -> None:
     off = cfg["offload"]
     check_budget_keys(off["budget_gb"], off["budget_fraction"], off["margin"])
     check_launcher(cfg, gpu_count)
+    check_env(cfg)
     check_misc(cfg)
     arms.check_arm_config(cfg)
 

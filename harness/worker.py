@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from harness import arms, models
-from harness.budget import resolve_budget_bytes
+from harness.budget import GB, resolve_budget_bytes
 from harness.diagnostics import StepDiagnostics
 from harness.metrics import OFFLOAD_COUNTERS, MemoryMonitor, aggregate_over_ranks, phase_of
 from harness.sinks import StepWriter, write_json_atomic
@@ -51,6 +51,17 @@ def init_distributed(cuda: bool) -> torch.device:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
+
+
+def cap_reserved_memory(cap_gb: float | None, device: torch.device) -> None:
+    """env.reserved_cap_gb: the caching allocator's ceiling, set as a fraction of the device's memory."""
+    if cap_gb is None:
+        return
+    if device.type != "cuda":
+        print("worker: env.reserved_cap_gb needs CUDA (it caps the caching allocator); ignored", flush=True)
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total), device)
 
 
 def resolve_budget(offload_cfg: dict, monitor: MemoryMonitor, device: torch.device) -> int | None:
@@ -120,6 +131,7 @@ def run(cfg: dict, run_dir: Path) -> None:
     device = init_distributed(cuda)
     rank, world = dist.get_rank(), dist.get_world_size()
     train, model_cfg = cfg["train"], cfg["model"]
+    cap_reserved_memory(cfg["env"]["reserved_cap_gb"], device)
     monitor = MemoryMonitor(device)
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:

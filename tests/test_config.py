@@ -103,12 +103,20 @@ def test_unknown_group_option_is_one_line_naming_the_group():
     (["debug.memory_trace_step=-1"], "debug.memory_trace_step"),
     (["debug.memory_trace_step=true"], "debug.memory_trace_step"),
     (["debug.profile_step=1.5"], "debug.profile_step"),
+    (["env.reserved_cap_gb=0"], "env.reserved_cap_gb"),
+    (["env.reserved_cap_gb=lots"], "env.reserved_cap_gb"),
+    (["env.reserved_cap_gb=true"], "env.reserved_cap_gb"),
 ])
 def test_bad_values_name_their_key(overrides, key):
     cfg = OmegaConf.to_container(compose_config(overrides), resolve=True)
     with pytest.raises(ConfigError) as err:
         validate(cfg, gpu_count=0)
     assert err.value.key == key
+
+
+def test_a_reserved_cap_is_a_positive_number_of_gb():
+    for value in ("12", "0.5"):
+        validate(OmegaConf.to_container(compose_config([f"env.reserved_cap_gb={value}"]), resolve=True), gpu_count=0)
 
 
 def test_more_ranks_than_gpus_is_refused():

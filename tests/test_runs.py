@@ -81,21 +81,26 @@ def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
 
 
 def test_two_rank_gloo_run(tmp_path):
-    # rank 0 profiles step 2; the memory trace needs CUDA: on CPU it is skipped with a line, and the run goes on
+    # rank 0 profiles step 2; the memory trace and the reserved cap need CUDA: on CPU each is skipped with a line,
+    # and the run goes on
     proc = harness_run(tmp_path, "logger=none", "launcher.nproc_per_node=2", "debug.profile_step=2",
-                       "debug.memory_trace_step=1")
+                       "debug.memory_trace_step=1", "env.reserved_cap_gb=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, summary = load(tmp_path / "run")
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert summary["status"] == "ok" and summary["world_size"] == 2 and env["world_size"] == 2
     assert all(r["tokens"] == 2 * 2 * 32 for r in rows)
     assert [r["traced"] for r in rows] == [False, False, True, False]  # only the profiled step (no CUDA trace)
-    assert "debug.memory_trace_step needs CUDA" in (tmp_path / "run" / "worker.log").read_text()
+    log = (tmp_path / "run" / "worker.log").read_text()
+    assert "debug.memory_trace_step needs CUDA" in log and "env.reserved_cap_gb needs CUDA" in log
+    assert env["reserved_cap_gb"] == 1
     assert not (tmp_path / "run" / "memory_trace.json").exists()
     trace = json.loads((tmp_path / "run" / "torch_trace.json").read_text())
     names = {event.get("name", "") for event in trace["traceEvents"]}
     assert any(name.startswith("aten::") for name in names)  # the step's operators were recorded
-    assert "Self CPU" in (tmp_path / "run" / "torch_ops.txt").read_text()
+    ops_text = (tmp_path / "run" / "torch_ops.txt").read_text()
+    assert "operators by self_cpu_time_total" in ops_text and "Self CPU" in ops_text
+    assert "self_device_time_total" not in ops_text  # no device table without CUDA
 
 
 @pytest.mark.gpu
@@ -114,7 +119,29 @@ def test_profile_and_memory_trace_of_one_step_on_cuda(tmp_path):
 
     events = json.loads((run / "torch_trace.json").read_text())["traceEvents"]
     assert any(event.get("cat") == "kernel" for event in events)  # device kernels were recorded
-    assert "CUDA" in (run / "torch_ops.txt").read_text()
+    ops_text = (run / "torch_ops.txt").read_text()
+    assert "operators by self_cpu_time_total" in ops_text and "operators by self_device_time_total" in ops_text
+
+
+@pytest.mark.gpu
+def test_reserved_cap_bounds_reserved_memory_on_cuda(tmp_path):
+    # same run twice, uncapped and capped between its allocated and its reserved peak
+    big = ["logger=none", "train.torch_adam=true", "train.seq_len=1024", "train.micro_batch=8", "train.steps=6"]
+    for name in ("free", "capped"):
+        (tmp_path / name).mkdir()
+    harness_run(tmp_path / "free", *big)
+    free_rows, free_summary = load(tmp_path / "free" / "run")
+    assert free_summary["status"] == "ok"
+    allocated = max(r["peak_allocated_bytes"] for r in free_rows)
+    cap = allocated * 1.25 + 64 * 2**20  # room for the allocator's segment rounding
+    if cap >= max(r["peak_reserved_bytes"] for r in free_rows):
+        pytest.skip("the uncapped run reserves no more than the cap would allow; nothing to bound")
+
+    proc = harness_run(tmp_path / "capped", *big, f"env.reserved_cap_gb={cap / 1e9}")
+    rows, summary = load(tmp_path / "capped" / "run")
+    assert summary["status"] == "ok", proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert all(r["peak_reserved_bytes"] <= cap for r in rows)
+    assert [r["loss"] for r in rows] == [r["loss"] for r in free_rows]
 
 
 def test_cuda_arm_on_cpu_is_skipped_not_crashed(tmp_path):
