@@ -48,6 +48,17 @@ def reserved_trajectory_gb(point: dict) -> list[float]:
             if r["phase"] == final and r.get("peak_reserved_bytes") is not None]
 
 
+def run_lengths(values: list[float]) -> str:
+    """`[14.3, 14.4×91]`: consecutive equal values once, with their count (a 100-step run stays one line)."""
+    runs: list[list] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return "[" + ", ".join(f"{value}" + (f"×{count}" if count > 1 else "") for value, count in runs) + "]"
+
+
 def knob_defaults() -> dict:
     return yaml.safe_load((REPO_ROOT / "conf" / "offload" / "default.yaml").read_text())
 
@@ -75,7 +86,7 @@ def report(points: list[dict]) -> str:
                          + (f"{median:.4f} s" if median is not None else "-")
                          + (f" | max rel loss diff vs deepcompile {loss:.2e}" if loss is not None else "")
                          + f" | planned offload {p['summary'].get('planned_offload_bytes')}"
-                         + f"\n      final-phase peak reserved GB per step: {reserved_trajectory_gb(p)}")
+                         + f"\n      final-phase peak reserved GB per step: {run_lengths(reserved_trajectory_gb(p))}")
         ours = [p for p in group if p["arm"] == "offload" and final_median(p)]
         for base in ("ds_offload", "deepcompile"):
             base_point = next((p for p in group if p["arm"] == base and final_median(p)), None)

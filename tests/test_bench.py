@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.bench import knob_defaults, load_points, report
+from harness.bench import knob_defaults, load_points, report, run_lengths
 
 
 def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[float], budget_gb=1e-6, **knobs):
@@ -38,3 +38,8 @@ def test_report_prints_ratios_knobs_that_differ_and_loss_differences(tmp_path):
 def test_report_leaves_out_ratios_without_a_finished_base(tmp_path):
     write_point(tmp_path, "0_ours", "offload", 0.125, [10.0, 9.0])
     assert "ratio" not in report(load_points([tmp_path]))
+
+
+def test_reserved_trajectory_prints_repeats_once_with_their_count():
+    assert run_lengths([11.2, 14.3, 14.3, 14.4, 14.3]) == "[11.2, 14.3×2, 14.4, 14.3]"
+    assert run_lengths([]) == "[]"
