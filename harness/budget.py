@@ -1,9 +1,16 @@
 """Resolve the offload memory budget to bytes, once, so every offload arm plans against one number."""
 from __future__ import annotations
 
+import math
+
 from harness.errors import ConfigError
 
 GB = 1e9  # budgets are in decimal gigabytes, as in DeepSpeed's DS_DC_OFFLOAD_OPT_BUDGET_GB
+
+
+def is_finite_number(value) -> bool:
+    """An int or float that is not a bool, NaN or infinite (a GB amount from a YAML file or a command line)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_budget_keys(budget_gb: float | None, budget_fraction: float | None, margin: float) -> None:

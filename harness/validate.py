@@ -1,11 +1,10 @@
 """Refuse bad configs before anything is launched, with one line that names the offending key."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from harness import arms
-from harness.budget import check_budget_keys
+from harness.budget import check_budget_keys, is_finite_number
 from harness.errors import ConfigError
 from harness.models import FAMILIES
 
@@ -62,8 +61,7 @@ def bad_debug_step(debug: dict[str, Any], steps: int) -> str | None:
 
 def check_env(cfg: dict[str, Any]) -> None:
     cap = cfg["env"]["reserved_cap_gb"]
-    is_number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
-    if cap is not None and not (is_number and 0 < cap < math.inf):
+    if cap is not None and not (is_finite_number(cap) and cap > 0):
         raise ConfigError("env.reserved_cap_gb", f"must be null or a finite number > 0, got {cap!r}")
 
 

@@ -7,9 +7,7 @@ planned_offload_bytes()                             bytes the last plan moves of
 """
 from __future__ import annotations
 
-import math
-
-from harness.budget import GB, check_budget_keys
+from harness.budget import GB, check_budget_keys, is_finite_number
 from harness.errors import ConfigError
 
 __all__ = ["check_config", "install", "counters", "planned_offload_bytes"]
@@ -82,8 +80,7 @@ def _check_knobs(offload_cfg: dict) -> None:
     if offload_cfg["release"] == "ordered" and offload_cfg["mode"] == "blocking":
         raise ConfigError("offload.release", "ordered release needs mode=async (blocking copies all out and waits)")
     cap = offload_cfg["peak_cap_gb"]
-    is_number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
-    if cap is not None and not (is_number and 0 <= cap < math.inf):
+    if cap is not None and not (is_finite_number(cap) and cap >= 0):
         raise ConfigError("offload.peak_cap_gb", f"must be null or a finite number >= 0, got {cap!r}")
 
 
