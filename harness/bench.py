@@ -4,7 +4,9 @@
 
 For each offload budget found: final-phase median step time of every arm, our pass over DeepSpeed's
 (`offload` / `ds_offload`) and over DeepCompile without offload, the reserved-memory trajectory of the
-final phase, and the largest relative loss difference against `deepcompile` (same seed, same data).
+final phase with the allocator's retries in it, and the largest relative loss difference against `deepcompile`
+(same seed, same data). Points run under an allocator ceiling (`env.reserved_cap_gb`) say so in their label, and
+each ratio compares points under the same ceiling where the sweep has one.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def load_points(sweep_dirs: list[Path]) -> list[dict]:
             summary = json.loads((run_dir / SUMMARY_FILE).read_text())
             points.append({"arm": config["arm"]["name"], "budget_gb": config["offload"]["budget_gb"],
                            "offload": config["offload"], "summary": summary,
+                           "reserved_cap_gb": (config.get("env") or {}).get("reserved_cap_gb"),
                            "rows": read_jsonl(run_dir / STEPS_FILE), "run_dir": run_dir})
     return points
 
@@ -64,13 +67,26 @@ def knob_defaults() -> dict:
 
 
 def describe(point: dict, defaults: dict | None = None) -> str:
-    """The arm, and for our pass the knobs it ran with that differ from the defaults."""
-    if point["arm"] != "offload":
-        return point["arm"]
-    defaults = knob_defaults() if defaults is None else defaults
-    changed = [f"{k}={point['offload'][k]}" for k in KNOBS
-               if k in point["offload"] and point["offload"][k] != defaults.get(k)]
-    return "offload" + (f"[{','.join(changed)}]" if changed else "")
+    """The arm, the knobs of our pass that differ from the defaults, and the allocator ceiling if one was set."""
+    changed = []
+    if point["arm"] == "offload":
+        defaults = knob_defaults() if defaults is None else defaults
+        changed = [f"{k}={point['offload'][k]}" for k in KNOBS
+                   if k in point["offload"] and point["offload"][k] != defaults.get(k)]
+    if point.get("reserved_cap_gb") is not None:
+        changed.append(f"reserved_cap_gb={point['reserved_cap_gb']}")
+    return point["arm"] + (f"[{','.join(changed)}]" if changed else "")
+
+
+def alloc_retries(point: dict) -> int | None:
+    return ((point["summary"].get("final") or {}).get("alloc_retries") or {}).get("sum")
+
+
+def base_for(point: dict, group: list[dict], base: str) -> dict | None:
+    """The finished `base` point to compare with: one under the same allocator ceiling if there is one."""
+    finished = [p for p in group if p["arm"] == base and final_median(p)]
+    same_cap = [p for p in finished if p.get("reserved_cap_gb") == point.get("reserved_cap_gb")]
+    return (same_cap or finished or [None])[0]
 
 
 def report(points: list[dict]) -> str:
@@ -86,12 +102,15 @@ def report(points: list[dict]) -> str:
                          + (f"{median:.4f} s" if median is not None else "-")
                          + (f" | max rel loss diff vs deepcompile {loss:.2e}" if loss is not None else "")
                          + f" | planned offload {p['summary'].get('planned_offload_bytes')}"
+                         + f" | alloc retries {alloc_retries(p)}"
                          + f"\n      final-phase peak reserved GB per step: {run_lengths(reserved_trajectory_gb(p))}")
         ours = [p for p in group if p["arm"] == "offload" and final_median(p)]
         for base in ("ds_offload", "deepcompile"):
-            base_point = next((p for p in group if p["arm"] == base and final_median(p)), None)
-            for p in ours if base_point else []:
-                lines.append(f"  ratio {describe(p)} / {base}: {final_median(p) / final_median(base_point):.3f}")
+            for p in ours:
+                base_point = base_for(p, group, base)
+                if base_point is not None:
+                    lines.append(f"  ratio {describe(p)} / {describe(base_point)}: "
+                                 f"{final_median(p) / final_median(base_point):.3f}")
     return "\n".join(lines)
 
 

@@ -9,14 +9,16 @@ import yaml
 from harness.bench import knob_defaults, load_points, report, run_lengths
 
 
-def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[float], budget_gb=1e-6, **knobs):
+def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[float], budget_gb=1e-6,
+                reserved_cap_gb=None, retries=0, **knobs):
     run_dir = sweep / name
     run_dir.mkdir(parents=True)
     offload = {**knob_defaults(), "budget_gb": budget_gb, **knobs}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"arm": {"name": arm}, "offload": offload}))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"arm": {"name": arm}, "offload": offload,
+                                                         "env": {"reserved_cap_gb": reserved_cap_gb}}))
     (run_dir / "summary.json").write_text(json.dumps({
         "status": "ok", "planned_offload_bytes": 640 if arm != "deepcompile" else None,
-        "final": {"phase": 1, "step_time_s": {"median": median}}}))
+        "final": {"phase": 1, "step_time_s": {"median": median}, "alloc_retries": {"sum": retries}}}))
     rows = [{"step": i, "phase": 0 if i == 0 else 1, "loss": loss, "peak_reserved_bytes": int((11 + i) * 1e9)}
             for i, loss in enumerate(losses)]
     (run_dir / "steps.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -38,6 +40,17 @@ def test_report_prints_ratios_knobs_that_differ_and_loss_differences(tmp_path):
 def test_report_leaves_out_ratios_without_a_finished_base(tmp_path):
     write_point(tmp_path, "0_ours", "offload", 0.125, [10.0, 9.0])
     assert "ratio" not in report(load_points([tmp_path]))
+
+
+def test_ratios_compare_points_under_the_same_allocator_ceiling(tmp_path):
+    write_point(tmp_path, "0_ds", "ds_offload", 0.25, [10.0, 9.0])
+    write_point(tmp_path, "1_ds_cap", "ds_offload", 0.30, [10.0, 9.0], reserved_cap_gb=12, retries=40)
+    write_point(tmp_path, "2_ours_cap", "offload", 0.15, [10.0, 9.0], reserved_cap_gb=12, retries=19)
+    write_point(tmp_path, "3_ours", "offload", 0.20, [10.0, 9.0])
+    text = report(load_points([tmp_path]))
+    assert "ratio offload[reserved_cap_gb=12] / ds_offload[reserved_cap_gb=12]: 0.500" in text
+    assert "ratio offload / ds_offload: 0.800" in text
+    assert "ds_offload[reserved_cap_gb=12]" in text and "alloc retries 40" in text and "alloc retries 19" in text
 
 
 def test_reserved_trajectory_prints_repeats_once_with_their_count():
