@@ -6,14 +6,15 @@ to the run dir:
 - `memory_trace.json`: its summary (`summarize`): per stream, the reserved and in-use bytes at the step's end;
   the device memory newly mapped during the step, grouped by the code that asked for it; and the peak of freed
   bytes the allocator could not reuse yet (blocks freed while another stream's work on them was still pending,
-  i.e. `record_stream`): the memory a host running ahead of the device makes the pool grow by.
+  i.e. `record_stream`): the memory a host running ahead of the device makes the pool grow by, with the frees
+  pending at that peak grouped by the code that freed them.
 """
 from __future__ import annotations
 
 import os
 import pickle
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 TRACE_FILE = "memory_trace.json"
@@ -76,32 +77,53 @@ def stream_summary(segments: list[dict]) -> list[dict]:
     return sorted(by_stream.values(), key=lambda row: -row["reserved_bytes"])
 
 
-def growth_sites(trace: list[dict], top: int = TOP_SITES) -> list[dict]:
-    """New device memory during the trace, grouped by (stream, code site), largest first."""
+def _by_site(entries: Iterable[dict], top: int) -> list[dict]:
+    """Trace entries grouped by (stream, code site), largest total size first."""
     skip_prefix = torch_package_dir()
     sites: dict[tuple[int, str], dict[str, Any]] = {}
-    for entry in trace:
-        if entry["action"] in GROWTH_ACTIONS:
-            key = (entry.get("stream", 0), where(entry.get("frames", []), skip_prefix))
-            site = sites.setdefault(key, {"stream": key[0], "where": key[1], "bytes": 0, "count": 0})
-            site["bytes"] += entry["size"]
-            site["count"] += 1
+    for entry in entries:
+        key = (entry.get("stream", 0), where(entry.get("frames", []), skip_prefix))
+        site = sites.setdefault(key, {"stream": key[0], "where": key[1], "bytes": 0, "count": 0})
+        site["bytes"] += entry["size"]
+        site["count"] += 1
     return sorted(sites.values(), key=lambda site: -site["bytes"])[:top]
+
+
+def growth_sites(trace: list[dict], top: int = TOP_SITES) -> list[dict]:
+    """New device memory during the trace, grouped by (stream, code site), largest first."""
+    return _by_site((entry for entry in trace if entry["action"] in GROWTH_ACTIONS), top)
+
+
+def _replay_frees(trace: list[dict], stop: int | None = None) -> Iterator[tuple[int, int, dict[int, dict]]]:
+    """(index, bytes freed but not yet reusable, those frees by address) after each entry before `stop`."""
+    pending: dict[int, dict] = {}
+    running = 0
+    for index, entry in enumerate(trace[:stop]):
+        if entry["action"] == "free_requested":
+            pending[entry["addr"]] = entry
+            running += entry["size"]
+        elif entry["action"] == "free_completed" and entry["addr"] in pending:
+            running -= pending.pop(entry["addr"])["size"]
+        yield index, running, pending
 
 
 def peak_deferred_free_bytes(trace: list[dict]) -> int:
     """The most bytes at once that were freed (free_requested) but not yet reusable (free_completed): the
     allocator completes a free only once every stream recorded on the block has passed its event."""
-    pending: dict[int, int] = {}
-    running = peak = 0
-    for entry in trace:
-        if entry["action"] == "free_requested":
-            pending[entry["addr"]] = entry["size"]
-            running += entry["size"]
-        elif entry["action"] == "free_completed" and entry["addr"] in pending:
-            running -= pending.pop(entry["addr"])
-        peak = max(peak, running)
-    return peak
+    return deferred_frees(trace)[0]
+
+
+def deferred_frees(trace: list[dict], top: int = TOP_SITES) -> tuple[int, list[dict]]:
+    """That peak, and the frees pending at it grouped by (stream, the code that freed them): whose blocks the
+    pool had to hold. The second replay stops at the peak, so finding it copies nothing."""
+    peak, peak_index = 0, None
+    for index, running, _ in _replay_frees(trace):
+        if running > peak:
+            peak, peak_index = running, index
+    if peak_index is None:
+        return 0, []
+    *_, (_, _, at_peak) = _replay_frees(trace, peak_index + 1)
+    return peak, _by_site(at_peak.values(), top)
 
 
 def summarize(snapshot: dict, device_index: int = 0) -> dict:
@@ -109,6 +131,7 @@ def summarize(snapshot: dict, device_index: int = 0) -> dict:
     trace = traces[device_index] if device_index < len(traces) else []
     streams = stream_summary([segment for segment in snapshot.get("segments", [])
                               if segment.get("device", device_index) == device_index])
+    deferred_peak, deferred_sites = deferred_frees(trace)
     return {
         "reserved_bytes": sum(row["reserved_bytes"] for row in streams),
         "allocated_bytes": sum(row["allocated_bytes"] for row in streams),
@@ -117,6 +140,7 @@ def summarize(snapshot: dict, device_index: int = 0) -> dict:
         "mapped_bytes": sum(e["size"] for e in trace if e["action"] in GROWTH_ACTIONS),
         "unmapped_bytes": sum(e["size"] for e in trace if e["action"] in SHRINK_ACTIONS),
         "growth_sites": growth_sites(trace),
-        "peak_deferred_free_bytes": peak_deferred_free_bytes(trace),
+        "peak_deferred_free_bytes": deferred_peak,
+        "deferred_free_sites": deferred_sites,
         "ooms": sum(1 for e in trace if e["action"] == "oom"),
     }

@@ -56,7 +56,21 @@ def test_deferred_frees_peak_while_blocks_await_other_streams():
     assert memory_trace.peak_deferred_free_bytes(trace) == 65
 
 
+def test_deferred_frees_at_their_peak_are_grouped_by_the_code_that_freed_them():
+    trace = [{"action": "free_requested", "addr": 1, "size": 30, "stream": 0, "frames": [TORCH_FRAME, KERNEL]},
+             {"action": "free_requested", "addr": 2, "size": 20, "stream": 0, "frames": [KERNEL]},
+             {"action": "free_requested", "addr": 3, "size": 40, "stream": 5, "frames": [RELOAD, RUNTIME]},
+             {"action": "free_completed", "addr": 1, "size": 30},  # peak (90) was just before this
+             {"action": "free_requested", "addr": 4, "size": 35, "stream": 5, "frames": [RELOAD]}]  # 95: new peak
+    summary = memory_trace.summarize({"segments": [], "device_traces": [trace]})
+    assert summary["peak_deferred_free_bytes"] == 95
+    assert summary["deferred_free_sites"] == [
+        {"stream": 5, "where": "mover.py:141 reload < runtime.py:120 _reload", "bytes": 40, "count": 1},
+        {"stream": 5, "where": "mover.py:141 reload", "bytes": 35, "count": 1},
+        {"stream": 0, "where": "cabc.py:77 call", "bytes": 20, "count": 1}]
+
+
 def test_a_trace_without_device_traces_summarizes_to_zeros():
     summary = memory_trace.summarize({"segments": []}, device_index=1)
     assert summary["trace_entries"] == summary["mapped_bytes"] == summary["peak_deferred_free_bytes"] == 0
-    assert summary["growth_sites"] == [] and summary["streams"] == []
+    assert summary["growth_sites"] == summary["deferred_free_sites"] == summary["streams"] == []
