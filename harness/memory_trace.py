@@ -115,14 +115,16 @@ def peak_deferred_free_bytes(trace: list[dict]) -> int:
 
 def deferred_frees(trace: list[dict], top: int = TOP_SITES) -> tuple[int, list[dict]]:
     """That peak, and the frees pending at it grouped by (stream, the code that freed them): whose blocks the
-    pool had to hold. The second replay stops at the peak, so finding it copies nothing."""
+    pool had to hold. A second replay stops at the peak instead of copying the pending set at every new peak."""
     peak, peak_index = 0, None
     for index, running, _ in _replay_frees(trace):
         if running > peak:
             peak, peak_index = running, index
     if peak_index is None:
         return 0, []
-    *_, (_, _, at_peak) = _replay_frees(trace, peak_index + 1)
+    at_peak: dict[int, dict] = {}
+    for _, _, at_peak in _replay_frees(trace, peak_index + 1):
+        pass  # the replay's pending frees after the peak's entry
     return peak, _by_site(at_peak.values(), top)
 
 
