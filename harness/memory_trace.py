@@ -107,15 +107,10 @@ def _replay_frees(trace: list[dict], stop: int | None = None) -> Iterator[tuple[
         yield index, running, pending
 
 
-def peak_deferred_free_bytes(trace: list[dict]) -> int:
-    """The most bytes at once that were freed (free_requested) but not yet reusable (free_completed): the
-    allocator completes a free only once every stream recorded on the block has passed its event."""
-    return deferred_frees(trace)[0]
-
-
 def deferred_frees(trace: list[dict], top: int = TOP_SITES) -> tuple[int, list[dict]]:
-    """That peak, and the frees pending at it grouped by (stream, the code that freed them): whose blocks the
-    pool had to hold. A second replay stops at the peak instead of copying the pending set at every new peak."""
+    """The most bytes at once that were freed (free_requested) but not yet reusable (free_completed) -- the
+    allocator completes a free only once every stream recorded on the block has passed its event -- and the frees
+    pending at that peak grouped by (stream, the code that freed them): whose blocks the pool had to hold. A second replay stops at the peak instead of copying the pending set at every new peak."""
     peak, peak_index = 0, None
     for index, running, _ in _replay_frees(trace):
         if running > peak:

@@ -53,15 +53,15 @@ def init_distributed(cuda: bool) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def cap_reserved_memory(cap_gb: float | None, device: torch.device) -> None:
+def cap_reserved_memory(cap_gb: float | None, monitor: MemoryMonitor) -> None:
     """env.reserved_cap_gb: the caching allocator's ceiling, set as a fraction of the device's memory."""
     if cap_gb is None:
         return
-    if device.type != "cuda":
+    if not monitor.cuda:
         print("worker: env.reserved_cap_gb needs CUDA (it caps the caching allocator); ignored", flush=True)
         return
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total), device)
+    fraction = min(1.0, cap_gb * GB / monitor.device_total_bytes())
+    torch.cuda.set_per_process_memory_fraction(fraction, monitor.device)
 
 
 def resolve_budget(offload_cfg: dict, monitor: MemoryMonitor, device: torch.device) -> int | None:
@@ -131,8 +131,8 @@ def run(cfg: dict, run_dir: Path) -> None:
     device = init_distributed(cuda)
     rank, world = dist.get_rank(), dist.get_world_size()
     train, model_cfg = cfg["train"], cfg["model"]
-    cap_reserved_memory(cfg["env"]["reserved_cap_gb"], device)
     monitor = MemoryMonitor(device)
+    cap_reserved_memory(cfg["env"]["reserved_cap_gb"], monitor)  # before anything is allocated
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
         print(f"worker: rank {rank}: {outside / 1e9:.1f} GB of device memory in use outside this process before "

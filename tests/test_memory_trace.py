@@ -53,7 +53,7 @@ def test_deferred_frees_peak_while_blocks_await_other_streams():
              {"action": "free_completed", "addr": 2, "size": 40},
              {"action": "free_completed", "addr": 9, "size": 99},   # requested before the trace began
              {"action": "free_requested", "addr": 4, "size": 5}]
-    assert memory_trace.peak_deferred_free_bytes(trace) == 65
+    assert memory_trace.deferred_frees(trace)[0] == 65
 
 
 def test_deferred_frees_at_their_peak_are_grouped_by_the_code_that_freed_them():
