@@ -50,6 +50,8 @@ def deepspeed_config(cfg: Mapping[str, Any], cuda: bool) -> dict:
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    if train["reduce_bucket_size"] is not None:
+        ds["zero_optimization"]["reduce_bucket_size"] = int(train["reduce_bucket_size"])
     if train["dtype"] == "bf16":
         ds["bf16"] = {"enabled": True}
     elif train["dtype"] == "fp16":

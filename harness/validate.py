@@ -28,6 +28,9 @@ def check_train(cfg: dict[str, Any]) -> None:
         raise ConfigError("train.seq_len", f"{train['seq_len']} exceeds the model's max_position_embeddings {max_positions}")
     if not isinstance(train["repeat"], int) or train["repeat"] < 0:
         raise ConfigError("train.repeat", f"must be an integer >= 0, got {train['repeat']!r}")
+    bucket = train["reduce_bucket_size"]
+    if bucket is not None and not (is_finite_number(bucket) and bucket >= 1 and float(bucket).is_integer()):
+        raise ConfigError("train.reduce_bucket_size", f"must be null or a whole number of elements >= 1, got {bucket!r}")
 
 
 def check_model(cfg: dict[str, Any]) -> None:

@@ -54,7 +54,8 @@ def init_distributed(cuda: bool) -> torch.device:
 
 
 def cap_reserved_memory(cap_gb: float | None, monitor: MemoryMonitor) -> None:
-    """env.reserved_cap_gb: the caching allocator's ceiling, set as a fraction of the device's memory."""
+    """env.reserved_cap_gb: the caching allocator's ceiling, set as a fraction of the device's memory. Set when the
+    final phase begins: earlier phases hold every optimizer state resident (offload arms evict them only then)."""
     if cap_gb is None:
         return
     if not monitor.cuda:
@@ -132,7 +133,6 @@ def run(cfg: dict, run_dir: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     train, model_cfg = cfg["train"], cfg["model"]
     monitor = MemoryMonitor(device)
-    cap_reserved_memory(cfg["env"]["reserved_cap_gb"], monitor)  # before anything is allocated
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
         print(f"worker: rank {rank}: {outside / 1e9:.1f} GB of device memory in use outside this process before "
@@ -169,6 +169,8 @@ def run(cfg: dict, run_dir: Path) -> None:
     for step in range(train["steps"]):
         inject_fault(cfg, step, rank)
         phase, phase_step = phase_of(step, starts)
+        if step == starts[-1]:
+            cap_reserved_memory(cfg["env"]["reserved_cap_gb"], monitor)
         monitor.reset_peaks()
         synchronize(device)
         diagnostics.before(step, device)

@@ -106,6 +106,9 @@ def test_unknown_group_option_is_one_line_naming_the_group():
     (["env.reserved_cap_gb=0"], "env.reserved_cap_gb"),
     (["env.reserved_cap_gb=lots"], "env.reserved_cap_gb"),
     (["env.reserved_cap_gb=true"], "env.reserved_cap_gb"),
+    (["train.reduce_bucket_size=0"], "train.reduce_bucket_size"),
+    (["train.reduce_bucket_size=1.5"], "train.reduce_bucket_size"),
+    (["train.reduce_bucket_size=big"], "train.reduce_bucket_size"),
 ])
 def test_bad_values_name_their_key(overrides, key):
     cfg = OmegaConf.to_container(compose_config(overrides), resolve=True)
@@ -117,6 +120,14 @@ def test_bad_values_name_their_key(overrides, key):
 def test_a_reserved_cap_is_a_positive_number_of_gb():
     for value in ("12", "0.5"):
         validate(OmegaConf.to_container(compose_config([f"env.reserved_cap_gb={value}"]), resolve=True), gpu_count=0)
+
+
+def test_reduce_bucket_size_reaches_the_zero_config_only_when_set():
+    default = OmegaConf.to_container(compose_config([]), resolve=True)
+    assert "reduce_bucket_size" not in arms.deepspeed_config(default, cuda=False)["zero_optimization"]
+    cfg = OmegaConf.to_container(compose_config(["train.reduce_bucket_size=5e7"]), resolve=True)
+    validate(cfg, gpu_count=0)
+    assert arms.deepspeed_config(cfg, cuda=False)["zero_optimization"]["reduce_bucket_size"] == 50_000_000
 
 
 def test_more_ranks_than_gpus_is_refused():

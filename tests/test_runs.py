@@ -125,23 +125,28 @@ def test_profile_and_memory_trace_of_one_step_on_cuda(tmp_path):
 
 @pytest.mark.gpu
 def test_reserved_cap_bounds_reserved_memory_on_cuda(tmp_path):
-    # same run twice, uncapped and capped between its allocated and its reserved peak
-    big = ["logger=none", "train.torch_adam=true", "train.seq_len=1024", "train.micro_batch=8", "train.steps=6"]
+    # same run twice, uncapped and capped between its allocated and its reserved peak (eager ZeRO-3 on the probe
+    # model reserves ~1.3 GB above what it allocates; the tiny model reserves almost nothing extra)
+    big = ["logger=none", "model=probe_534m", "train.torch_adam=true", "train.seq_len=1024", "train.micro_batch=4",
+           "train.steps=4"]
     for name in ("free", "capped"):
         (tmp_path / name).mkdir()
     harness_run(tmp_path / "free", *big)
     free_rows, free_summary = load(tmp_path / "free" / "run")
     assert free_summary["status"] == "ok"
     allocated = max(r["peak_allocated_bytes"] for r in free_rows)
-    cap = allocated * 1.25 + 64 * 2**20  # room for the allocator's segment rounding
-    if cap >= max(r["peak_reserved_bytes"] for r in free_rows):
-        pytest.skip("the uncapped run reserves no more than the cap would allow; nothing to bound")
+    reserved = max(r["peak_reserved_bytes"] for r in free_rows)
+    cap = max((allocated + reserved) / 2, allocated + 64 * 2**20)  # room for the allocator's page rounding
+    if cap >= reserved:
+        pytest.skip(f"the uncapped run reserves {reserved / 2**20:.0f} MiB for {allocated / 2**20:.0f} MiB "
+                    "allocated; no cap between them to test")
 
     proc = harness_run(tmp_path / "capped", *big, f"env.reserved_cap_gb={cap / 1e9}")
     rows, summary = load(tmp_path / "capped" / "run")
     assert summary["status"] == "ok", proc.stdout[-3000:] + proc.stderr[-3000:]
     assert all(r["peak_reserved_bytes"] <= cap for r in rows)
-    assert [r["loss"] for r in rows] == [r["loss"] for r in free_rows]
+    # the cap changes where blocks land, not the math; ZeRO-3's GPU reductions are not bitwise repeatable
+    assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in free_rows], rel=1e-4)
 
 
 def test_cuda_arm_on_cpu_is_skipped_not_crashed(tmp_path):
