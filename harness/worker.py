@@ -166,10 +166,11 @@ def run(cfg: dict, run_dir: Path) -> None:
     tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
     vocab = model_cfg["config"]["vocab_size"]
     diagnostics = StepDiagnostics(cfg["debug"], rank, monitor.cuda)
+    final_start = max(s for s in starts if s < train["steps"])  # the last phase this run reaches
     for step in range(train["steps"]):
         inject_fault(cfg, step, rank)
         phase, phase_step = phase_of(step, starts)
-        if step == starts[-1]:
+        if step == final_start:
             cap_reserved_memory(cfg["env"]["reserved_cap_gb"], monitor)
         monitor.reset_peaks()
         synchronize(device)

@@ -82,9 +82,10 @@ def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
 
 def test_two_rank_gloo_run(tmp_path):
     # rank 0 profiles step 2; the memory trace and the reserved cap need CUDA: on CPU each is skipped with a line,
-    # and the run goes on
+    # and the run goes on. The cap is set when the last phase the run reaches begins, also when a later phase
+    # start lies past the run's end.
     proc = harness_run(tmp_path, "logger=none", "launcher.nproc_per_node=2", "debug.profile_step=2",
-                       "debug.memory_trace_step=1", "env.reserved_cap_gb=1")
+                       "debug.memory_trace_step=1", "env.reserved_cap_gb=1", "arm.phase_starts=[0,2,50]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, summary = load(tmp_path / "run")
     env = json.loads((tmp_path / "run" / "env.json").read_text())
