@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import arms
+from harness import arms, emulated_device
 from harness.budget import check_budget_keys, is_finite_number
 from harness.errors import ConfigError
 from harness.models import FAMILIES
@@ -66,6 +66,7 @@ def check_env(cfg: dict[str, Any]) -> None:
     cap = cfg["env"]["reserved_cap_gb"]
     if cap is not None and not (is_finite_number(cap) and cap > 0):
         raise ConfigError("env.reserved_cap_gb", f"must be null or a finite number > 0, got {cap!r}")
+    emulated_device.check(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
 
 
 def check_misc(cfg: dict[str, Any]) -> None:
