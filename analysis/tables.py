@@ -22,8 +22,10 @@ BASELINE_ARM = "zero3"
 NON_OFFLOAD_ARMS = ("zero3", "deepcompile")
 OFFLOAD_ARMS = ("ds_offload", "offload")
 REPEAT_COLUMNS = ("repeat", "seed")
-# What a training step computes: two points with equal values here are comparable across arms.
-WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "steps", "nproc_per_node", "nnodes")
+# What a training step computes, and on how much device memory: two points with equal values here are
+# comparable across arms.
+WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "steps", "nproc_per_node", "nnodes",
+                    "device_memory_gb")
 AXIS_LABELS = {"seq_len": "seq", "micro_batch": "mb"}
 GIB = 2**30
 NOT_APPLICABLE = "-"
