@@ -3,8 +3,10 @@ the report's text files, from a synthetic ladder whose points run out of memory 
 before step 0."""
 import shutil
 import statistics
+from pathlib import Path
 
 import matplotlib
+import nbformat
 import numpy as np
 import pytest
 
@@ -17,7 +19,9 @@ from analysis.fixtures.synthetic import write_point  # noqa: E402
 from analysis.load import load_sweep  # noqa: E402
 from analysis.plots import arm_style  # noqa: E402
 from analysis.render import write_table  # noqa: E402
+from analysis.report import run_notebook  # noqa: E402
 
+FIXTURE = Path(__file__).resolve().parents[1] / "analysis" / "fixtures" / "sweep"  # no emulated size
 SIZE = 24.0
 COMPILE = 5.0  # every synthetic phase starts with a compile step this long; the medians must leave it out
 WARM_UP = (COMPILE, 0.3, 0.3)  # phase 0 of a compiled arm, before the final phase
@@ -250,3 +254,25 @@ def test_each_emulated_size_gets_its_own_files_and_real_device_points_are_left_o
     assert capacity.capacity_lines(points) == [
         "capacity at an emulated 24 GB: 2 point(s)", "capacity at an emulated 40 GB: 1 point(s)",
         "left out 1 point(s) on the real device (no env.device_memory_gb)"]
+
+
+def notebook_text(out_dir):
+    notebook = nbformat.read(out_dir / "notebooks" / "capacity.ipynb", as_version=4)
+    return "".join(output.get("text", "") for cell in notebook.cells for output in cell.get("outputs", []))
+
+
+def test_the_notebook_writes_nothing_for_a_sweep_without_an_emulated_size(tmp_path):
+    assert run_notebook("capacity", FIXTURE, tmp_path)
+    assert "no emulated device size (env.device_memory_gb) in this sweep" in notebook_text(tmp_path)
+    assert [path.relative_to(tmp_path) for path in tmp_path.rglob("*") if path.is_file()] == \
+        [Path("notebooks/capacity.ipynb")]
+
+
+def test_the_notebook_writes_what_the_library_writes(ladder_dir, tmp_path):
+    assert run_notebook("capacity", ladder_dir, tmp_path / "notebook")
+    library = capacity.write_capacity_report(ladder_dir, tmp_path / "library")
+    for path in text_files(library):
+        written = tmp_path / "notebook" / path.relative_to(tmp_path / "library")
+        assert written.read_bytes() == path.read_bytes(), path.name
+    n_points = sum(len(runs) for ladder in LADDER.values() for runs in ladder.values())
+    assert f"capacity at an emulated 24 GB: {n_points} point(s)" in notebook_text(tmp_path / "notebook")
