@@ -1,14 +1,14 @@
 """Capacity under an emulated device (`env.device_memory_gb`): which arm fits which sequence length (or
 micro-batch), in the shape of DeepSpeed PR #8186's table, and where each arm stops fitting.
 
-The builders take the points of one emulated size; `write_capacity_report` writes, for every emulated size
-in a sweep, one table and two figures named by the size (`capacity_24gb`, ...), and nothing for a sweep
-without one. Points on the real device (a null size) have no capacity to show and are left out.
+The builders take a sweep's points and one of its emulated sizes; `write_capacity_report` writes, for every
+emulated size in a sweep, one table and two figures named by the size (`capacity_24gb`, ...), and nothing
+for a sweep without one. Points on the real device (a null size) have no capacity to show and are left out.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ TOKENS_P25, TOKENS_P75 = "final_tokens_per_s_p25", "final_tokens_per_s_p75"
 AXIS_TITLES = {"seq_len": "sequence length (tokens)", "micro_batch": "micro-batch (sequences per GPU)"}
 AXIS_NAMES = {"seq_len": "sequence length", "micro_batch": "micro-batch"}
 FITS = "largest that fits"
+FIGURE_SIZE = (4.8, 3.6)  # inches; room for the legend under the axes
 OOM_MARKER = {"marker": "x", "markersize": 8, "markeredgewidth": 1.8, "linestyle": "none"}
 
 
@@ -67,9 +68,11 @@ def ran_out(values: pd.DataFrame) -> pd.Series:
                      index=values.index, dtype=bool)
 
 
-def capacity_values(points: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """One row per design point and ladder value (the swept axis): medians over the ok repeats, `failed`
-    naming where OOM runs ran out, `series` the row label; arms in PR #8186's order. Returns it and the axis."""
+def capacity_values(points: pd.DataFrame, size: float) -> tuple[pd.DataFrame, str]:
+    """The points of one emulated size, one row per design point and ladder value (the swept axis): medians
+    over the ok repeats, `failed` naming where OOM runs ran out, `series` the row label; arms in PR #8186's
+    order. Returns them and the axis."""
+    points = points_of_size(points, size)
     axis = swept_axis(points)
     points_design = design(points)
     keys = [key for key in points_design.keys if key != axis] + [axis]
@@ -89,7 +92,7 @@ def _arm_rank(arm: str) -> tuple[int, str]:
 def capacity_table(points: pd.DataFrame, size: float) -> Table:
     """Rows = arms (and their other knobs), columns = the ladder: final-phase median s/step, `OOM (pN)` where
     a point ran out in phase N, `OOM (build)` before step 0; last, the largest ladder value that ran ok."""
-    values, axis = capacity_values(points)
+    values, axis = capacity_values(points, size)
     lines: dict[str, dict[tuple[str, str], str]] = {}
     for row in values.to_dict("records"):
         line = lines.setdefault(row["series"], {("", "arm"): row["series"]})
@@ -112,16 +115,13 @@ def _size_suffix(size: float) -> str:
 def frontier_plot(points: pd.DataFrame, size: float) -> Plot:
     """Final-phase median tokens/s (IQR bars) against the ladder per arm; an x in the arm's colour at its
     first OOM, level with its last point that ran (at the bottom when none ran)."""
-    values, axis = capacity_values(points)
-    data = []
+    values, axis = capacity_values(points, size)
     with mpl.rc_context(PAPER_RC):
-        figure, ax = plt.subplots(figsize=(4.8, 3.6), layout="constrained")
-        for series, rows in values.groupby("series", sort=False):
-            ok = rows[rows["n_ok"] > 0]
-            if not ok.empty:
-                data.append(median_with_iqr(ax, ok, series, "tokens_per_s", axis, TOKENS_PER_S, TOKENS_P25,
-                                            TOKENS_P75))
-            data.append(_mark_first_oom(ax, rows, axis, lambda x, ok=ok: _last_below(ok, axis, x)))
+        figure, ax = plt.subplots(figsize=FIGURE_SIZE, layout="constrained")
+        data = _draw_ladder(ax, values, axis,
+                            lambda ok, series: median_with_iqr(ax, ok, series, "tokens_per_s", axis, TOKENS_PER_S,
+                                                               TOKENS_P25, TOKENS_P75),
+                            lambda ok, x: _last_below(ok, axis, x))
         _annotate_other_failures(ax, values, axis, data, TOKENS_PER_S)
         _finish(figure, ax, values, axis, "throughput (tokens/s), final phase",
                 f"Throughput until out of memory, emulated {size_text(size)} device")
@@ -131,15 +131,11 @@ def frontier_plot(points: pd.DataFrame, size: float) -> Plot:
 def peak_reserved_plot(points: pd.DataFrame, size: float) -> Plot:
     """Final-phase peak reserved (GB, bars: min-max over repeats) against the ladder per arm, the emulated
     device as a line, an x on that line at each arm's first OOM."""
-    values, axis = capacity_values(points)
-    data = []
+    values, axis = capacity_values(points, size)
     with mpl.rc_context(PAPER_RC):
-        figure, ax = plt.subplots(figsize=(4.8, 3.6), layout="constrained")
-        for series, rows in values.groupby("series", sort=False):
-            ok = rows[rows["n_ok"] > 0]
-            if not ok.empty:
-                data.append(peak_reserved_with_spread(ax, ok, series, axis))
-            data.append(_mark_first_oom(ax, rows, axis, lambda x: size))
+        figure, ax = plt.subplots(figsize=FIGURE_SIZE, layout="constrained")
+        data = _draw_ladder(ax, values, axis, lambda ok, series: peak_reserved_with_spread(ax, ok, series, axis),
+                            lambda ok, x: size)
         ax.axhline(size, color="black", linestyle="--", linewidth=0.8, label=f"emulated device ({size_text(size)})")
         data.append(pd.DataFrame({"series": ["emulated device"], "kind": "device", "x": math.nan, "y": size,
                                   "y_low": math.nan, "y_high": math.nan, "status": OK}))
@@ -149,13 +145,26 @@ def peak_reserved_plot(points: pd.DataFrame, size: float) -> Plot:
     return Plot(f"capacity_peak_reserved_{_size_suffix(size)}", figure, concat_data(data))
 
 
+def _draw_ladder(ax, values: pd.DataFrame, axis: str, draw: Callable[[pd.DataFrame, str], pd.DataFrame],
+                 oom_height: Callable[[pd.DataFrame, float], float | None]) -> list[pd.DataFrame]:
+    """Per series: its cells that ran, by draw(rows, series), and an x at its first OOM at oom_height(rows
+    that ran, x); returns what was drawn."""
+    data = []
+    for series, rows in values.groupby("series", sort=False):
+        ok = rows[rows["n_ok"] > 0]
+        if not ok.empty:
+            data.append(draw(ok, series))
+        data.append(_mark_first_oom(ax, rows, axis, lambda x, ok=ok: oom_height(ok, x)))
+    return data
+
+
 def _last_below(ok: pd.DataFrame, axis: str, x: float) -> float | None:
     """Tokens/s of the largest ladder value below x that ran, None when none did."""
     below = ok[ok[axis] < x].sort_values(axis)
     return float(below[TOKENS_PER_S].iloc[-1]) if len(below) else None
 
 
-def _mark_first_oom(ax, rows: pd.DataFrame, axis: str, height) -> pd.DataFrame:
+def _mark_first_oom(ax, rows: pd.DataFrame, axis: str, height: Callable[[float], float | None]) -> pd.DataFrame:
     """An x in the arm's colour at the smallest ladder value where the series ran out, at height(x) in data
     units, or at the bottom of the axes when that is None; returns the drawn marker as a data row."""
     out = rows[ran_out(rows)].sort_values(axis)
@@ -200,9 +209,8 @@ def write_capacity_files(points: pd.DataFrame, out_dir: str | Path) -> list[Path
     out_dir = Path(out_dir)
     paths: list[Path] = []
     for size in emulated_sizes(points):
-        of_size = points_of_size(points, size)
-        paths += write_table(capacity_table(of_size, size), out_dir / "tables")
-        for plot in (frontier_plot(of_size, size), peak_reserved_plot(of_size, size)):
+        paths += write_table(capacity_table(points, size), out_dir / "tables")
+        for plot in (frontier_plot(points, size), peak_reserved_plot(points, size)):
             paths += save_plot(plot, out_dir / "figures")
             plt.close(plot.figure)
     return paths

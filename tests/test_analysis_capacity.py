@@ -249,7 +249,7 @@ def test_each_emulated_size_gets_its_own_files_and_real_device_points_are_left_o
     written = capacity.write_capacity_files(points, tmp_path / "out")
     assert sorted(path.name for path in written if path.parent.name == "tables" and path.suffix == ".md") == \
         ["capacity_24gb.md", "capacity_40gb.md"]
-    assert "0.1" in (tmp_path / "out" / "tables" / "capacity_24gb.md").read_text()
+    assert "| zero3 | 0.1 | OOM (p0) | 512 |" in (tmp_path / "out" / "tables" / "capacity_24gb.md").read_text()
     assert "| zero3 | 0.5 | 1024 |" in (tmp_path / "out" / "tables" / "capacity_40gb.md").read_text()
     assert capacity.capacity_lines(points) == [
         "capacity at an emulated 24 GB: 2 point(s)", "capacity at an emulated 40 GB: 1 point(s)",
