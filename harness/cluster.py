@@ -304,7 +304,12 @@ def sweep_points(overrides: list[str], multirun: bool) -> list[list[str]]:
     return BasicSweeper.split_arguments(parsed, None)[0]
 
 
-def _device_memory_bytes(launcher: Mapping[str, Any]) -> int | None:
+def _device_memory_bytes(config: Mapping[str, Any]) -> int | None:
+    """What a point's ranks may use: the emulated device size if set, else launcher.gpu_memory_gb, else this GPU."""
+    emulated = config["env"].get("device_memory_gb")
+    if emulated is not None:
+        return int(emulated * GB)
+    launcher = config["launcher"]
     if launcher.get("gpu_memory_gb"):
         return int(launcher["gpu_memory_gb"] * GB)
     import torch
@@ -329,7 +334,7 @@ def plan_row(overrides: list[str]) -> dict[str, Any]:
         return {**row, "error": str(error)}
     n_params = _parameter_count(json.dumps(config["model"], sort_keys=True))
     states = model_state_bytes(n_params, row["gpus"], config["train"]["dtype"])
-    memory = _device_memory_bytes(launcher)
+    memory = _device_memory_bytes(config)
     on_gpu = states_on_gpu(row["arm"], states)
     return {**row, **states, "n_params": n_params, "on_gpu": on_gpu, "gpu_memory": memory,
             "fits": None if memory is None else on_gpu <= memory}

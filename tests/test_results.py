@@ -1,0 +1,76 @@
+"""Committed GPU results (results/<campaign>/): the report made from their run files rebuilds byte for byte, and
+the capacity campaign's claims hold in the run files themselves."""
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.report import main as report_main
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+CAMPAIGNS = sorted(path.parent for path in RESULTS.glob("*/sweep"))
+REBUILT_SUFFIXES = (".md", ".tex", ".csv")  # text files; PNG/PDF bytes depend on the matplotlib build
+RUN_FILES = {"config.yaml", "env.json", "worker.json", "summary.json", "steps.jsonl", "profile.json", "plan.json"}
+
+
+def text_files(report_dir: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(report_dir)): path.read_bytes() for path in sorted(report_dir.rglob("*"))
+            if path.suffix in REBUILT_SUFFIXES}
+
+
+@pytest.mark.parametrize("campaign", CAMPAIGNS, ids=lambda path: path.name)
+def test_the_committed_report_rebuilds_byte_for_byte(campaign, tmp_path):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as stderr:
+        status = report_main([str(campaign / "sweep"), "--out", str(tmp_path)])
+    assert status == 0, stderr.getvalue()
+    committed = text_files(campaign / "report")
+    assert committed, f"{campaign}/report holds no tables"
+    assert text_files(tmp_path) == committed
+
+
+@pytest.mark.parametrize("campaign", CAMPAIGNS, ids=lambda path: path.name)
+def test_only_small_run_files_are_committed(campaign):
+    for run_dir in (path.parent for path in (campaign / "sweep").glob("*/summary.json")):
+        assert {path.name for path in run_dir.iterdir()} <= RUN_FILES, run_dir
+
+
+def capacity_points():
+    for summary_file in sorted((RESULTS / "capacity" / "sweep").glob("*/summary.json")):
+        config = yaml.safe_load((summary_file.parent / "config.yaml").read_text())
+        steps = [json.loads(line) for line in (summary_file.parent / "steps.jsonl").read_text().splitlines()]
+        yield config, json.loads(summary_file.read_text()), steps
+
+
+@pytest.mark.skipif(not (RESULTS / "capacity").exists(), reason="no capacity results committed")
+def test_capacity_results_show_a_length_that_fits_only_with_offload():
+    points = list(capacity_points())
+    sizes = {config["env"]["device_memory_gb"] for config, _, _ in points}
+    assert len(sizes) == 1 and None not in sizes  # one emulated device for the whole campaign
+    size_bytes = sizes.pop() * 1e9
+    by_arm_seq = {(config["arm"]["name"], config["train"]["seq_len"]): summary for config, summary, _ in points}
+    offload_only = [seq for (arm, seq), summary in by_arm_seq.items() if arm == "offload" and summary["status"] == "ok"
+                    and by_arm_seq.get(("deepcompile", seq), {}).get("status") == "oom"]
+    assert offload_only, "no sequence length where deepcompile ran out and our pass ran"
+    for config, summary, steps in points:
+        if summary["status"] == "ok":  # the allocator never held more than the emulated device
+            assert max(row["peak_reserved_bytes"] for row in steps) <= size_bytes
+        if summary["status"] == "oom":  # summary.json alone says where and by how much
+            assert summary["device_memory_bytes"] == size_bytes and summary["oom"]["stage"] in ("build", "step")
+            assert summary["oom"]["requested_bytes"] > 0 and summary["oom"]["free_bytes"] is not None
+
+
+@pytest.mark.skipif(not (RESULTS / "capacity").exists(), reason="no capacity results committed")
+def test_capacity_losses_match_deepcompile_at_the_shortest_length():
+    points = list(capacity_points())
+    shortest = min(config["train"]["seq_len"] for config, _, _ in points)
+    at_shortest = {config["arm"]["name"]: steps for config, summary, steps in points
+                   if config["train"]["seq_len"] == shortest and summary["status"] == "ok"}
+    reference = [row["loss"] for row in at_shortest.pop("deepcompile")]
+    assert at_shortest
+    for arm, steps in at_shortest.items():
+        losses = [row["loss"] for row in steps]
+        assert len(losses) == len(reference), arm
+        assert max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) <= 1e-4, arm
