@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +13,11 @@ STEPS_FILE, SUMMARY_FILE, INDEX_FILE = "steps.jsonl", "summary.json", "index.jso
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON so a reader never sees half a file (write a sibling temp file, then rename)."""
+    """Write JSON so a reader never sees half a file (write a sibling temp file, then rename). The temp file is
+    opened like any other run file (not mkstemp's 0600), so every run file gets the same mode."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "x") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)

@@ -1,6 +1,7 @@
 """End-to-end CPU runs through the real driver -> torchrun -> worker path (tiny model, ZeRO-3, gloo)."""
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,10 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path):
     assert env["world_size"] == 1 and env["pytorch_cuda_alloc_conf"] == "expandable_segments:True"
     assert "git_sha" in env and env["torch"]
     assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb")), "the driver's offline W&B run file"
+    (tmp_path / "plain").write_text("")  # the mode any file opened for writing gets here (0644 under umask 022)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir() if p.is_file()}
+    assert {"summary.json", "env.json", "worker.json", "steps.jsonl"} <= set(modes)
+    assert set(modes.values()) == {stat.S_IMODE((tmp_path / "plain").stat().st_mode)}, modes
     # The W&B mirror, re-run in-process on the same files, is given the same final medians.
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     (tmp_path / "again").mkdir()
