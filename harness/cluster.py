@@ -273,6 +273,9 @@ def compose_point(overrides: list[str], with_hydra: bool = False, multirun: bool
     composes a sweep's primary config, where comma lists are allowed."""
     os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))
     from hydra import initialize_config_dir
+
+    from harness import dirnames
+    dirnames.register()
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from hydra.types import RunMode

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import dirnames
 from harness.envinfo import REPO_ROOT
 
 os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))  # conf/config.yaml puts the repo root on the search path
+dirnames.register()  # conf/hydra/default.yaml names the point folders with it
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402

@@ -85,6 +85,34 @@ def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
         assert summary["steps_completed"] == 2 == len(rows)  # the steps before the failure are kept
 
 
+# 30 overrides at values that run quickly (with FAST's three); Hydra names a point's folder from all of them
+LONG_POINT = [
+    "model.config.hidden_size=64", "model.config.intermediate_size=128", "model.config.num_hidden_layers=2",
+    "model.config.num_attention_heads=4", "model.config.num_key_value_heads=2", "model.config.head_dim=16",
+    "model.config.vocab_size=512", "model.config.max_position_embeddings=1024", "model.config.tie_word_embeddings=false",
+    "train.micro_batch=1", "train.grad_accum=1", "train.dtype=bf16", "train.seed=7", "train.repeat=0",
+    "train.sub_group_size=null", "train.reduce_bucket_size=null", "train.torch_adam=null",
+    "offload.budget_gb=0.000001", "offload.margin=0.25", "offload.mode=async", "offload.empty_cache=never",
+    "offload.streams=single", "offload.reload=at_end", "offload.release=recorded", "offload.peak_cap_gb=null",
+    "debug.fault_sleep_s=0.5", "debug.fault_rank=0",
+]
+
+
+def test_a_sweep_point_with_30_overrides_gets_a_folder_name_that_fits(tmp_path):
+    # the two points differ in train.lr only; the second is refused, so only the first launches
+    proc = harness_run(tmp_path, "logger=none", *LONG_POINT, "train.lr=0.001,-1", multirun=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    index = read_jsonl(tmp_path / "sweep" / "index.jsonl")
+    assert [line["status"] for line in index] == ["ok", "config_error"]
+    assert index[0]["run_dir"] != index[1]["run_dir"]
+    for line, lr in zip(index, (0.001, -1)):
+        assert len(line["run_dir"].encode()) < 255 and line["run_dir"].split("_", 1)[0].isdigit()
+        keys = {override.split("=")[0] for override in line["overrides"]}  # the sweep respells values (1e-06)
+        assert {override.split("=")[0] for override in LONG_POINT + FAST} <= keys and len(keys) >= 30
+        config = yaml.safe_load((tmp_path / "sweep" / line["run_dir"] / "config.yaml").read_text())
+        assert config["train"]["lr"] == lr and config["offload"]["margin"] == 0.25
+
+
 def test_two_rank_gloo_run(tmp_path):
     # rank 0 profiles step 2; the memory trace and the reserved cap need CUDA: on CPU each is skipped with a line,
     # and the run goes on. The cap is set when the last phase the run reaches begins, also when a later phase
