@@ -138,10 +138,21 @@ def job_order(run_dir: str | Path) -> tuple[int, str]:
 
 
 class SweepIndexCallback(Callback):
-    """Writes the sweep dir's index.jsonl when a multirun ends (also after failed points)."""
+    """Writes the sweep dir's index.jsonl when a multirun ends (also after failed points), or through
+    write_running_index when Ctrl-C ends it early (Hydra calls no callback then)."""
+
+    running_sweep_dir: Path | None = None  # the sweep dir of the multirun in this process
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        SweepIndexCallback.running_sweep_dir = Path(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        if sweep_dir.exists():
+        SweepIndexCallback.running_sweep_dir = Path(config.hydra.sweep.dir)
+        SweepIndexCallback.write_running_index()
+
+    @staticmethod
+    def write_running_index() -> None:
+        sweep_dir = SweepIndexCallback.running_sweep_dir
+        if sweep_dir is not None and sweep_dir.exists():
             path = write_sweep_index(sweep_dir)
             print(f"sweep index: {path} ({sum(1 for _ in open(path))} points)")
