@@ -53,7 +53,7 @@ RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout): a
 # point with an injected fault stands where a real failure of the same design point would.
-OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.timeout_s$")
+OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$")
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
 GB = 1e9  # budgets are decimal gigabytes throughout the harness
 MISSING = object()  # a config key that is not there, as opposed to one set to null

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import yaml
 
-from analysis.load import load_sweep
+from analysis.load import is_design_column, load_sweep
 from analysis.tables import failed_statuses
 from harness.metrics import quartiles
 from harness.sinks import flat_summary, mirror_to_wandb, read_jsonl
@@ -129,6 +129,7 @@ def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
     for line in index:
         rows, summary = load(tmp_path / "sweep" / line["run_dir"])
         assert summary["steps_completed"] == 2 == len(rows)  # the steps before the failure are kept
+    assert not is_design_column("launcher.stall_timeout_s")  # the analysis does not tell points apart by it
 
 
 def wait_for_steps(driver: subprocess.Popen, folder: Path, pattern: str, count: int) -> Path:
@@ -300,3 +301,19 @@ def test_bad_input_exits_nonzero_with_one_line_and_records_nothing_ok(tmp_path, 
     if summary_path.exists():
         assert json.loads(summary_path.read_text())["status"] == "config_error"
     assert not (tmp_path / "run" / "steps.jsonl").exists()
+
+
+def test_a_rerun_into_the_same_folder_keeps_the_earlier_attempt_whole(tmp_path):
+    first = harness_run(tmp_path, "logger=none", "train.steps=0")
+    second = harness_run(tmp_path, "logger=none", "train.micro_batch=0")
+    assert first.returncode == second.returncode == 2
+    lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "train.micro_batch" in lines[0]  # still the one config error line on stderr
+    run_dir, attempt = tmp_path / "run", tmp_path / "run" / "attempts" / "0"
+    assert f"{run_dir} held an earlier attempt: its files are now in {attempt}" in second.stdout
+    assert "train.steps=0" in (attempt / ".hydra" / "overrides.yaml").read_text()
+    assert yaml.safe_load((attempt / "config.yaml").read_text())["train"]["steps"] == 0
+    assert json.loads((attempt / "summary.json").read_text())["reason"].startswith("train.steps: ")
+    assert "train.micro_batch=0" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["micro_batch"] == 0
+    assert json.loads((run_dir / "summary.json").read_text())["reason"].startswith("train.micro_batch: ")
