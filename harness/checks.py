@@ -78,12 +78,12 @@ NULL_OR_POSITIVE = Number(low=0, low_open=True, nullable=True)
 BOOL = Choice((True, False))
 
 
-def lookup(cfg: Mapping[str, Any], dotted: str) -> Any:
-    """cfg['a']['b'] for 'a.b'; MISSING where a section or the key is absent."""
+def lookup(cfg: Mapping[str, Any], dotted: str, default: Any = MISSING) -> Any:
+    """cfg['a']['b'] for 'a.b'; `default` where a section or the key is absent."""
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return MISSING
+            return default
         node = node[part]
     return node
 
