@@ -43,14 +43,20 @@ CONFIG_COLUMNS = {
     "offload.reload": "reload",
     "offload.release": "release",
     "offload.peak_cap_gb": "peak_cap_gb",
+    "env.device_memory_gb": "device_memory_gb",  # the emulated device size (null: the real device)
     "launcher.nproc_per_node": "nproc_per_node",
     "launcher.nnodes": "nnodes",
     "sweep.name": "sweep_name",
 }
 SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
-                   "planned_offload_bytes")
+                   "planned_offload_bytes", "device_memory_bytes")
+# summary.json's `oom` block (where and by how much a point ran out of memory) as oom_<field> columns.
+OOM_FIELDS = ("stage", "phase", "step", "requested_bytes", "free_bytes", "limit_bytes", "reserved_bytes",
+              "allocated_bytes", "message")
+OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
 # Columns saying where a point came from or what it measured, never how it was configured.
-RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS))
+RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS,
+                            *OOM_COLUMNS))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout): a
 # point with an injected fault stands where a real failure of the same design point would.
@@ -278,8 +284,11 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
 
 
 def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Status, run facts and every phase's stats flattened: phase0_step_time_s_median, final_n, ..."""
+    """Status, run facts, the oom block and every phase's stats flattened: oom_phase, phase0_step_time_s_median,
+    final_n, ..."""
     row = {key: summary.get(key) for key in SUMMARY_SCALARS}
+    oom = summary.get("oom")  # null, or missing in summaries older than the capacity campaign
+    row.update({f"oom_{field}": oom.get(field) if isinstance(oom, Mapping) else None for field in OOM_FIELDS})
     phases = summary.get("phases") or []
     row["n_phases"] = len(phases)
     for position, phase in enumerate(phases):

@@ -79,7 +79,7 @@ def _iqr(frame: pd.DataFrame, median: str, p25: str, p75: str) -> tuple[list[flo
     return (list(frame[median] - frame[p25]), list(frame[p75] - frame[median]))
 
 
-def _annotate_failures(ax, failed: pd.DataFrame, x_column: str) -> None:
+def annotate_failures(ax, failed: pd.DataFrame, x_column: str) -> None:
     """Failed points sit at their x above the axis as 'series: STATUS', never as a number; several at
     one x stack upwards."""
     at_bottom = blended_transform_factory(ax.transData, ax.transAxes)
@@ -101,13 +101,13 @@ def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} in this sweep", transform=ax.transAxes, ha="center", va="center")
 
 
-def _series(aggregated: pd.DataFrame, points_design: Design, leave_out) -> pd.DataFrame:
+def with_series(aggregated: pd.DataFrame, points_design: Design, leave_out) -> pd.DataFrame:
     frame = aggregated.copy()
     frame["series"] = [points_design.label(row, leave_out=leave_out) for row in frame.to_dict("records")]
     return frame
 
 
-def _data_rows(frame: pd.DataFrame, kind: str, x: str, y: str, low: list[float] | None = None,
+def data_rows(frame: pd.DataFrame, kind: str, x: str, y: str, low: list[float] | None = None,
                high: list[float] | None = None, scale: float = 1.0) -> pd.DataFrame:
     """What one series drew: y and its error bar ends (`low`/`high` = bar lengths), all divided by `scale`."""
     values = (frame[y] / scale).tolist()
@@ -119,19 +119,19 @@ def _data_rows(frame: pd.DataFrame, kind: str, x: str, y: str, low: list[float] 
     })
 
 
-def _median_with_iqr(ax, frame: pd.DataFrame, series: str, kind: str, x: str, y: str, p25: str,
+def median_with_iqr(ax, frame: pd.DataFrame, series: str, kind: str, x: str, y: str, p25: str,
                      p75: str) -> pd.DataFrame:
     """One series as medians with p25-p75 error bars in its arm's style; returns what it drew."""
     colour, marker = arm_style(frame["arm"].iloc[0])
     low, high = _iqr(frame, y, p25, p75)
     ax.errorbar(frame[x], frame[y], yerr=[low, high], color=colour, marker=marker, label=series)
-    return _data_rows(frame, kind, x, y, low, high)
+    return data_rows(frame, kind, x, y, low, high)
 
 
 def _budget_points(points: pd.DataFrame, values: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Offload arms by budget (ok and failed) and the non-offload arms' ok rows, as series."""
     points_design = design(points)
-    aggregated = _series(aggregate_repeats(points, points_design.keys, [*values, "budget_resolved_gb"]),
+    aggregated = with_series(aggregate_repeats(points, points_design.keys, [*values, "budget_resolved_gb"]),
                          points_design, BUDGET_COLUMNS)
     # A failed point has no resolved budget; place it at the configured one.
     if "budget_gb" in aggregated:
@@ -152,27 +152,27 @@ def step_time_vs_budget(points: pd.DataFrame) -> Plot:
         offloaded_ax = ax.twinx()
         offloaded_ax.grid(False)
         for series, frame in ok.groupby("series", sort=False):
-            data.append(_median_with_iqr(ax, frame, series, "step_time_s", "budget_resolved_gb", STEP_TIME, p25, p75))
+            data.append(median_with_iqr(ax, frame, series, "step_time_s", "budget_resolved_gb", STEP_TIME, p25, p75))
             if frame["final_offload_bytes_median"].notna().any():
                 colour, marker = arm_style(frame["arm"].iloc[0])
                 offloaded_ax.plot(frame["budget_resolved_gb"], frame["final_offload_bytes_median"] / GB,
                                   color=colour, marker=marker, linestyle="--", markerfacecolor="none",
                                   label=f"{series}: offloaded")
-                data.append(_data_rows(frame, "offloaded_gb", "budget_resolved_gb",
-                                       "final_offload_bytes_median", scale=GB))
+                data.append(data_rows(frame, "offloaded_gb", "budget_resolved_gb",
+                                      "final_offload_bytes_median", scale=GB))
         for row in references.to_dict("records"):
             ax.axhline(row[STEP_TIME], color=arm_style(row["arm"])[0], linestyle=":",
                        label=f"{row['series']} (no offload)")
         data.append(_reference_rows(references, STEP_TIME))
-        _annotate_failures(ax, failed, "budget_resolved_gb")
-        data.append(_data_rows(failed, "failed", "budget_resolved_gb", STEP_TIME))
+        annotate_failures(ax, failed, "budget_resolved_gb")
+        data.append(data_rows(failed, "failed", "budget_resolved_gb", STEP_TIME))
         if ok.empty and failed.empty:
             _no_data(ax, "offload points")
         ax.set_xlabel("memory budget (GB)")
         ax.set_ylabel("step time (s), final phase")
         offloaded_ax.set_ylabel("offloaded/step (GB), dashed")
-        _legend(figure, ax, offloaded_ax)
-    return Plot("step_time_vs_budget", figure, _concat(data))
+        legend_below(figure, ax, offloaded_ax)
+    return Plot("step_time_vs_budget", figure, concat_data(data))
 
 
 def peak_reserved_vs_budget(points: pd.DataFrame) -> Plot:
@@ -183,14 +183,7 @@ def peak_reserved_vs_budget(points: pd.DataFrame) -> Plot:
     with mpl.rc_context(PAPER_RC):
         figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")
         for series, frame in ok.groupby("series", sort=False):
-            colour, marker = arm_style(frame["arm"].iloc[0])
-            low = list(frame[PEAK_RESERVED] - frame[f"{PEAK_RESERVED}_min"])
-            high = list(frame[f"{PEAK_RESERVED}_max"] - frame[PEAK_RESERVED])
-            ax.errorbar(frame["budget_resolved_gb"], frame[PEAK_RESERVED] / GB,
-                        yerr=[[v / GB for v in low], [v / GB for v in high]], color=colour, marker=marker,
-                        label=series)
-            data.append(_data_rows(frame, "peak_reserved_gb", "budget_resolved_gb", PEAK_RESERVED, low, high,
-                                   scale=GB))
+            data.append(peak_reserved_with_spread(ax, frame, series, "budget_resolved_gb"))
         budgets = sorted(pd.concat([ok["budget_resolved_gb"], failed["budget_resolved_gb"]]).dropna().unique())
         if budgets:
             ax.plot(budgets, budgets, color="black", linestyle="--", linewidth=0.8, label="budget")
@@ -198,14 +191,25 @@ def peak_reserved_vs_budget(points: pd.DataFrame) -> Plot:
             ax.axhline(row[PEAK_RESERVED] / GB, color=arm_style(row["arm"])[0], linestyle=":",
                        label=f"{row['series']} (no offload)")
         data.append(_reference_rows(references, PEAK_RESERVED, scale=GB))
-        _annotate_failures(ax, failed, "budget_resolved_gb")
-        data.append(_data_rows(failed, "failed", "budget_resolved_gb", PEAK_RESERVED, scale=GB))
+        annotate_failures(ax, failed, "budget_resolved_gb")
+        data.append(data_rows(failed, "failed", "budget_resolved_gb", PEAK_RESERVED, scale=GB))
         if ok.empty and failed.empty:
             _no_data(ax, "offload points")
         ax.set_xlabel("memory budget (GB)")
         ax.set_ylabel("peak reserved (GB), final phase")
-        _legend(figure, ax)
-    return Plot("peak_reserved_vs_budget", figure, _concat(data))
+        legend_below(figure, ax)
+    return Plot("peak_reserved_vs_budget", figure, concat_data(data))
+
+
+def peak_reserved_with_spread(ax, frame: pd.DataFrame, series: str, x: str) -> pd.DataFrame:
+    """One series of final-phase peak reserved (GB) in its arm's style, bars from min to max over repeats;
+    returns what it drew."""
+    colour, marker = arm_style(frame["arm"].iloc[0])
+    low = list(frame[PEAK_RESERVED] - frame[f"{PEAK_RESERVED}_min"])
+    high = list(frame[f"{PEAK_RESERVED}_max"] - frame[PEAK_RESERVED])
+    ax.errorbar(frame[x], frame[PEAK_RESERVED] / GB, yerr=[[v / GB for v in low], [v / GB for v in high]],
+                color=colour, marker=marker, label=series)
+    return data_rows(frame, "peak_reserved_gb", x, PEAK_RESERVED, low, high, scale=GB)
 
 
 def _reference_rows(references: pd.DataFrame, value: str, scale: float = 1.0) -> pd.DataFrame:
@@ -219,25 +223,31 @@ def throughput_vs_micro_batch(points: pd.DataFrame) -> Plot:
     p25, p75 = "final_tokens_per_s_p25", "final_tokens_per_s_p75"
     points_design = design(points)
     keys = [key for key in points_design.keys if key != "micro_batch"] + ["micro_batch"]
-    aggregated = _series(aggregate_repeats(points, keys, [TOKENS_PER_S, p25, p75]), points_design, ["micro_batch"])
+    aggregated = with_series(aggregate_repeats(points, keys, [TOKENS_PER_S, p25, p75]), points_design,
+                             ["micro_batch"])
     data = []
     with mpl.rc_context(PAPER_RC):
         figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")
         ok = aggregated[aggregated["n_ok"] > 0]
         for series, frame in ok.groupby("series", sort=False):
-            data.append(_median_with_iqr(ax, frame, series, "tokens_per_s", "micro_batch", TOKENS_PER_S, p25, p75))
+            data.append(median_with_iqr(ax, frame, series, "tokens_per_s", "micro_batch", TOKENS_PER_S, p25, p75))
         failed = aggregated[aggregated["n_ok"] == 0]
-        _annotate_failures(ax, failed, "micro_batch")
-        data.append(_data_rows(failed, "failed", "micro_batch", TOKENS_PER_S))
+        annotate_failures(ax, failed, "micro_batch")
+        data.append(data_rows(failed, "failed", "micro_batch", TOKENS_PER_S))
         ax.set_xlabel("micro-batch (sequences per GPU)")
         ax.set_ylabel("throughput (tokens/s), final phase")
-        micro_batches = sorted(aggregated["micro_batch"].dropna().unique())
-        if micro_batches and micro_batches[0] > 0:
-            ax.set_xscale("log", base=2)  # micro-batch sweeps double
-        ax.set_xticks(micro_batches, [format_value(mb) for mb in micro_batches])
-        ax.minorticks_off()
-        _legend(figure, ax)
-    return Plot("throughput_vs_micro_batch", figure, _concat(data))
+        doubling_axis(ax, aggregated["micro_batch"])
+        legend_below(figure, ax)
+    return Plot("throughput_vs_micro_batch", figure, concat_data(data))
+
+
+def doubling_axis(ax, swept: pd.Series) -> None:
+    """A log-2 x axis ticked at the swept values: micro-batch and sequence-length sweeps double."""
+    values = sorted(swept.dropna().unique())
+    if values and values[0] > 0:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [format_value(value) for value in values])
+    ax.minorticks_off()
 
 
 SERIES_UNITS = {"step_time_s": ("step time (s)", 1.0),
@@ -294,10 +304,10 @@ def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_t
                        Line2D([], [], color="black", linestyle="--", linewidth=0.8)],
                       ["first step of a phase (compiles)", "phase boundary"],
                       loc="outside lower center", ncols=2, frameon=False)
-    return Plot(f"{metric}_per_step", figure, _concat(data))
+    return Plot(f"{metric}_per_step", figure, concat_data(data))
 
 
-def _legend(figure: Figure, *axes) -> None:
+def legend_below(figure: Figure, *axes) -> None:
     """One legend under the axes, so that it never hides a point."""
     handles, labels = [], []
     for ax in axes:
@@ -307,7 +317,7 @@ def _legend(figure: Figure, *axes) -> None:
         figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
 
 
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def concat_data(frames: list[pd.DataFrame]) -> pd.DataFrame:
     frames = [frame for frame in frames if not frame.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["series", "kind", "x", "y", "y_low", "y_high", "status"])

@@ -59,12 +59,14 @@ def to_csv(frame: pd.DataFrame) -> str:
 
 
 def write_table(table: Table, out_dir: str | Path) -> list[Path]:
-    """<name>.md, <name>.tex, <name>.csv (what the reader sees) and <name>_values.csv (the numbers)."""
+    """<name>.md, <name>.tex, <name>.csv (what the reader sees) and <name>_values.csv (the numbers). A
+    caption heads the Markdown as an italic line; the LaTeX stays a bare tabular for the paper's own
+    caption, and the CSVs stay data."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     flat = table.display.set_axis(flat_header(table.display), axis="columns")
     texts = {
-        f"{table.name}.md": to_markdown(table.display),
+        f"{table.name}.md": _caption_line(table.caption) + to_markdown(table.display),
         f"{table.name}.tex": to_latex(table.display),
         f"{table.name}.csv": to_csv(flat),
         f"{table.name}_values.csv": to_csv(table.values),
@@ -75,3 +77,8 @@ def write_table(table: Table, out_dir: str | Path) -> list[Path]:
         path.write_text(text)
         paths.append(path)
     return paths
+
+
+def _caption_line(caption: str) -> str:
+    """'*caption*' and a blank line before the table; nothing for a table without one."""
+    return f"*{caption}*\n\n" if caption else ""

@@ -22,8 +22,10 @@ BASELINE_ARM = "zero3"
 NON_OFFLOAD_ARMS = ("zero3", "deepcompile")
 OFFLOAD_ARMS = ("ds_offload", "offload")
 REPEAT_COLUMNS = ("repeat", "seed")
-# What a training step computes: two points with equal values here are comparable across arms.
-WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "steps", "nproc_per_node", "nnodes")
+# What a training step computes, and on how much device memory: two points with equal values here are
+# comparable across arms.
+WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "steps", "nproc_per_node", "nnodes",
+                    "device_memory_gb")
 AXIS_LABELS = {"seq_len": "seq", "micro_batch": "mb"}
 GIB = 2**30
 NOT_APPLICABLE = "-"
@@ -38,6 +40,7 @@ class Table:
     name: str
     values: pd.DataFrame
     display: pd.DataFrame  # strings; columns are (group, name) pairs, group "" for ungrouped columns
+    caption: str = ""  # what the cells are, where the columns alone do not say it
 
 
 @dataclass(frozen=True)
@@ -79,15 +82,17 @@ def _varies(column: pd.Series) -> bool:
     return column.map(format_value).nunique() > 1
 
 
-def aggregate_repeats(points: pd.DataFrame, keys: Sequence[str], values: Iterable[str]) -> pd.DataFrame:
+def aggregate_repeats(points: pd.DataFrame, keys: Sequence[str], values: Iterable[str],
+                      outcome: str = "status") -> pd.DataFrame:
     """One row per key: each value's median over the ok repeats with min and max (NaN where no repeat has
-    it, or no point has the column), run counts, failures."""
+    it, or no point has the column), run counts, failures (named by the `outcome` column: the status, or
+    the status with a detail such as 'oom (p1)')."""
     values = list(values)
     rows = []
     for key, group in points.groupby(list(keys), dropna=False, sort=False):
         ok = group[group["status"] == OK]
         row: dict[str, Any] = {name: _none_if_nan(value) for name, value in zip(keys, key)}
-        row.update(n_runs=len(group), n_ok=len(ok), failed=failed_statuses(group["status"]))
+        row.update(n_runs=len(group), n_ok=len(ok), failed=failed_statuses(group[outcome]))
         for value in values:
             numbers = ok[value].dropna().astype(float).tolist() if value in ok else []
             row[value] = statistics.median(numbers) if numbers else math.nan
@@ -99,11 +104,14 @@ def aggregate_repeats(points: pd.DataFrame, keys: Sequence[str], values: Iterabl
 
 
 def failed_statuses(statuses: Iterable[str]) -> str:
-    """'OOM', '2 DIED', 'DIED/OOM': how the non-ok runs ended, uppercase as the tables show them."""
+    """'OOM', '2 DIED', 'DIED/OOM': how the non-ok runs ended, uppercase as the tables show them; a detail
+    after the status keeps its case ('oom (p1)' -> 'OOM (p1)')."""
     counts: dict[str, int] = {}
     for status in statuses:
         if status != OK:
-            counts[status.upper()] = counts.get(status.upper(), 0) + 1
+            name, _, detail = status.partition(" ")
+            shown = f"{name.upper()} {detail}" if detail else name.upper()
+            counts[shown] = counts.get(shown, 0) + 1
     return "/".join(f"{count} {status}" if count > 1 else status for status, count in sorted(counts.items()))
 
 
@@ -177,6 +185,11 @@ def add_speedups(aggregated: pd.DataFrame, keys: Sequence[str], step_time: str =
     return frame
 
 
+def axis_label(axis: str, value: Any) -> str:
+    """'seq 2048', 'mb 4': a column of the swept axis."""
+    return f"{AXIS_LABELS.get(axis, axis)} {format_value(value)}"
+
+
 def _speedup_cell(row: Mapping[str, Any], name: str) -> str:
     if row["n_ok"] == 0:
         return row["failed"]
@@ -191,20 +204,22 @@ def throughput_table(points: pd.DataFrame, axis: str | None = None) -> Table:
     keys = [key for key in points_design.keys if key != axis] + [axis]  # axis last: an arm's rows stay together
     values = add_speedups(aggregate_repeats(points, keys, [STEP_TIME, TOKENS_PER_S]), keys)
     values["label"] = [points_design.label(row, leave_out=[axis]) for row in values.to_dict("records")]
-    axis_values = sorted({format_value(v) for v in values[axis]}, key=_numeric_first)
     cells: dict[str, dict[tuple[str, str], str]] = {}
     for row in values.to_dict("records"):
-        group = f"{AXIS_LABELS.get(axis, axis)} {format_value(row[axis])}"
+        group = axis_label(axis, row[axis])
         line = cells.setdefault(row["label"], {("", "arm"): row["label"]})
         line[(group, "s/step")] = cell(row, STEP_TIME)
         line[(group, "tok/s")] = cell(row, TOKENS_PER_S)
         line[(group, "vs zero3")] = _speedup_cell(row, "speedup_vs_zero3")
         line[(group, "vs best base")] = _speedup_cell(row, "speedup_vs_best_base")
-    columns = [("", "arm")] + [(f"{AXIS_LABELS.get(axis, axis)} {value}", name) for value in axis_values
+    columns = [("", "arm")] + [(axis_label(axis, value), name) for value in swept_values(values[axis])
                                for name in ("s/step", "tok/s", "vs zero3", "vs best base")]
-    display = pd.DataFrame([[line.get(column, NOT_APPLICABLE) for column in columns] for line in cells.values()],
-                           columns=pd.MultiIndex.from_tuples(columns))
-    return Table("throughput", values.drop(columns="label"), display)
+    return Table("throughput", values.drop(columns="label"), display_frame(list(cells.values()), columns))
+
+
+def swept_values(column: pd.Series) -> list[str]:
+    """The distinct values of a swept column as labels show them, numbers in numeric order."""
+    return sorted({format_value(value) for value in column}, key=_numeric_first)
 
 
 def _numeric_first(text: str) -> tuple:
@@ -253,15 +268,18 @@ def memory_table(points: pd.DataFrame) -> Table:
         for value, (name, scale) in MEMORY_COLUMNS.items():
             line[("", name)] = cell(row, value, scale)
         lines.append(line)
-    return Table("memory", values, _display(lines))
+    return Table("memory", values, display_frame(lines))
 
 
 def _runs(row: Mapping[str, Any]) -> str:
     return f"{row['n_ok']}/{row['n_runs']} ok"
 
 
-def _display(lines: list[dict[tuple[str, str], str]]) -> pd.DataFrame:
-    columns = list(dict.fromkeys(column for line in lines for column in line))
+def display_frame(lines: list[dict[tuple[str, str], str]],
+                  columns: Sequence[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """Lines of cells as a display frame, "-" where a line has no cell; columns in the order given, else
+    in the order the lines first have them."""
+    columns = list(columns) if columns is not None else list(dict.fromkeys(c for line in lines for c in line))
     return pd.DataFrame([[line.get(column, NOT_APPLICABLE) for column in columns] for line in lines],
                         columns=pd.MultiIndex.from_tuples(columns) if columns else None)
 
@@ -280,7 +298,7 @@ def policies_table(points: pd.DataFrame) -> Table:
         group = f"streams {format_value(row['streams'])}"
         line[(group, "s/step")] = cell(row, STEP_TIME)
         line[(group, "peak reserved (GiB)")] = cell(row, PEAK_RESERVED, GIB)
-    return Table("policies", values, _display(list(cells.values())))
+    return Table("policies", values, display_frame(list(cells.values())))
 
 
 def budget_table(points: pd.DataFrame) -> Table:
@@ -303,4 +321,4 @@ def budget_table(points: pd.DataFrame) -> Table:
             ("", "vs best base"): _speedup_cell(row, "speedup_vs_best_base"),
             ("", "runs"): _runs(row),
         })
-    return Table("budget", offload.reset_index(drop=True), _display(lines))
+    return Table("budget", offload.reset_index(drop=True), display_frame(lines))

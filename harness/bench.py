@@ -5,8 +5,9 @@
 For each offload budget found: final-phase median step time of every arm, our pass over DeepSpeed's
 (`offload` / `ds_offload`) and over DeepCompile without offload, the reserved-memory trajectory of the
 final phase with the allocator's retries in it, and the largest relative loss difference against `deepcompile`
-(same seed, same data). Points run under an allocator ceiling (`env.reserved_cap_gb`) say so in their label, and
-each ratio compares points under the same ceiling where the sweep has one.
+(same seed, same data). Points run on an emulated device (`env.device_memory_gb`) or under an allocator ceiling
+(`env.reserved_cap_gb`) say so in their label, and each ratio compares points under the same limits where the
+sweep has them.
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import yaml
 from harness.envinfo import REPO_ROOT
 from harness.sinks import STEPS_FILE, SUMMARY_FILE, iter_run_dirs, read_jsonl
 
-KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "peak_cap_gb")  # our pass's, as in conf/offload
+KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "evict_from", "peak_cap_gb")  # our pass's, as in conf/offload
+
+
+LIMITS = ("device_memory_gb", "reserved_cap_gb")  # an emulated device size, an allocator ceiling inside it
 
 
 def load_points(sweep_dirs: list[Path]) -> list[dict]:
@@ -31,6 +35,7 @@ def load_points(sweep_dirs: list[Path]) -> list[dict]:
             points.append({"arm": config["arm"]["name"], "budget_gb": config["offload"]["budget_gb"],
                            "offload": config["offload"], "summary": summary,
                            "reserved_cap_gb": (config.get("env") or {}).get("reserved_cap_gb"),
+                           "device_memory_gb": (config.get("env") or {}).get("device_memory_gb"),
                            "rows": read_jsonl(run_dir / STEPS_FILE), "run_dir": run_dir})
     return points
 
@@ -73,8 +78,9 @@ def describe(point: dict, defaults: dict | None = None) -> str:
         defaults = knob_defaults() if defaults is None else defaults
         changed = [f"{k}={point['offload'][k]}" for k in KNOBS
                    if k in point["offload"] and point["offload"][k] != defaults.get(k)]
-    if point.get("reserved_cap_gb") is not None:
-        changed.append(f"reserved_cap_gb={point['reserved_cap_gb']}")
+    for limit in LIMITS:
+        if point.get(limit) is not None:
+            changed.append(f"{limit}={point[limit]}")
     return point["arm"] + (f"[{','.join(changed)}]" if changed else "")
 
 
@@ -83,9 +89,9 @@ def alloc_retries(point: dict) -> int | None:
 
 
 def base_for(point: dict, group: list[dict], base: str) -> dict | None:
-    """The finished `base` point to compare with: one under the same allocator ceiling if there is one."""
+    """The finished `base` point to compare with: one under the same memory limits if there is one."""
     finished = [p for p in group if p["arm"] == base and final_median(p)]
-    same_cap = [p for p in finished if p.get("reserved_cap_gb") == point.get("reserved_cap_gb")]
+    same_cap = [p for p in finished if all(p.get(limit) == point.get(limit) for limit in LIMITS)]
     return (same_cap or finished or [None])[0]
 
 

@@ -61,4 +61,5 @@ def collect_env(cfg: dict[str, Any]) -> dict[str, Any]:
         "hostnames": [socket.gethostname()],
         "pytorch_cuda_alloc_conf": cfg["env"]["pytorch_cuda_alloc_conf"],
         "reserved_cap_gb": cfg["env"]["reserved_cap_gb"],
+        "device_memory_gb": cfg["env"].get("device_memory_gb"),
     }

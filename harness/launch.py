@@ -218,7 +218,7 @@ def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wa
     errors = rank_errors(run_dir)
     ooms = [e for e in errors if e["kind"] == "oom"]
     if ooms:
-        return "oom", f"rank {ooms[0].get('rank')}: {ooms[0]['message']}"
+        return "oom", f"rank {ooms[0].get('rank')}{_where(ooms[0])}: {ooms[0]['message']}"
     if result.returncode == 0 and steps_completed == steps_wanted:
         return "ok", None
     if result.peer_failure:  # the cause; this node's rank errors are its symptoms
@@ -226,6 +226,23 @@ def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wa
     if errors:
         return "died", f"rank {errors[0].get('rank')}: {errors[0]['message']}"
     return "died", _failure_from_log(run_dir / LOG_FILE) or f"torchrun exit code {result.returncode}"
+
+
+OOM_FACTS = ("rank", "step", "phase", "stage", "requested_bytes", "free_bytes", "limit_bytes", "reserved_bytes",
+             "allocated_bytes", "message")
+
+
+def _where(error: dict) -> str:
+    """' at step 3 (phase 1)' or ' before step 0' for an error file that says where the rank was."""
+    if error.get("stage") == "build":
+        return " before step 0"
+    return f" at step {error['step']} (phase {error['phase']})" if error.get("step") is not None else ""
+
+
+def oom_facts(run_dir: Path) -> dict | None:
+    """The first out-of-memory error of the ranks (in rank order): where it happened and by how much."""
+    ooms = [e for e in rank_errors(run_dir) if e["kind"] == "oom"]
+    return {key: ooms[0].get(key) for key in OOM_FACTS} if ooms else None
 
 
 def _failure_from_log(log_path: Path) -> str | None:

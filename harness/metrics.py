@@ -64,12 +64,19 @@ def summarize_phases(rows: list[dict]) -> list[dict[str, Any]]:
     return [phase_stats(p, [r for r in rows if r["phase"] == p]) for p in phases]
 
 
-class MemoryMonitor:
-    """Per-step device memory peaks and allocator events (None everywhere on a CPU run)."""
+def physical_total_bytes(device: torch.device) -> int | None:
+    """The real device's memory (None on CPU)."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
-    def __init__(self, device: torch.device):
+
+class MemoryMonitor:
+    """Per-step device memory peaks and allocator events (None everywhere on a CPU run). `emulated_bytes` is the
+    emulated device size (env.device_memory_gb), which every memory-aware decision sees instead of the real one."""
+
+    def __init__(self, device: torch.device, emulated_bytes: int | None = None):
         self.cuda = device.type == "cuda"
         self.device = device
+        self.emulated_bytes = emulated_bytes
         self._retries = self._ooms = 0
         if self.cuda:
             stats = torch.cuda.memory_stats(device)
@@ -80,7 +87,8 @@ class MemoryMonitor:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def device_total_bytes(self) -> int | None:
-        return torch.cuda.get_device_properties(self.device).total_memory if self.cuda else None
+        """The device size decisions are made against: the emulated one, else the real one."""
+        return self.emulated_bytes if self.emulated_bytes is not None else physical_total_bytes(self.device)
 
     def used_outside_torch_bytes(self) -> int | None:
         """Device memory in use that this process's allocator does not hold: the CUDA context, other processes.

@@ -25,7 +25,8 @@ dirnames.register()  # conf/hydra/default.yaml names the point folders with it
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness import arms, cluster, launch, progress  # noqa: E402
+from harness import arms, cluster, emulated_device, launch, progress  # noqa: E402
+from harness.checks import is_finite_number  # noqa: E402
 from harness.envinfo import collect_env  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.metrics import summarize_phases  # noqa: E402
@@ -40,7 +41,8 @@ PLAN_ONLY = "plan_only=true"  # on the command line: print the sweep's plan inst
 
 
 def build_summary(config: dict, status: str, reason: str | None, rows: list[dict], wall_time_s: float,
-                  worker_facts: dict) -> dict[str, Any]:
+                  worker_facts: dict, oom: dict | None = None) -> dict[str, Any]:
+    """`oom`: where and by how much the point ran out (launch.oom_facts), for an `oom` point."""
     phases = summarize_phases(rows)
     return {
         "status": status, "reason": reason,
@@ -49,8 +51,14 @@ def build_summary(config: dict, status: str, reason: str | None, rows: list[dict
         "steps_completed": len(rows), "wall_time_s": wall_time_s,
         "budget_bytes": worker_facts.get("budget_bytes"),
         "planned_offload_bytes": worker_facts.get("planned_offload_bytes"),
+        "device_memory_bytes": _emulated_size_bytes(config["env"]), "oom": oom,
         "phases": phases, "final": phases[-1] if phases else None,
     }
+
+
+def _emulated_size_bytes(env: dict) -> int | None:
+    """env.device_memory_gb in bytes, None where it is null or not a number (a refused config)."""
+    return emulated_device.size_bytes(env) if is_finite_number(env.get("device_memory_gb")) else None
 
 
 def _configured_world_size(launcher: dict) -> int | None:
@@ -63,6 +71,13 @@ def _gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _device_total_bytes() -> int | None:
+    """This node's first GPU's memory (None without CUDA): an emulated device must be smaller."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
 
 def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str, Any]:
@@ -93,7 +108,8 @@ def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str
     if facts and place.primary:  # the ranks know the world they ran in
         env.update(world_size=facts["world_size"], hostnames=facts["hostnames"])
         write_json_atomic(run_dir / "env.json", env)
-    return build_summary(config, status, reason, rows, result.wall_time_s, facts)
+    oom = launch.oom_facts(run_dir) if status == "oom" else None
+    return build_summary(config, status, reason, rows, result.wall_time_s, facts, oom)
 
 
 def print_phase_table(summary: dict) -> None:
@@ -143,6 +159,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, multi
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
     try:
         validate(config, _gpu_count())
+        emulated_device.check(config["env"], _device_total_bytes())
         cluster.check_allocation(config["launcher"], place)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import arms, offload
+from harness import arms, emulated_device, offload
 from harness.checks import BOOL, NULL_OR_POSITIVE, POSITIVE, POSITIVE_INT, Choice, Number, check_keys
 from harness.errors import ConfigError
 from harness.models import FAMILIES
@@ -53,6 +53,7 @@ KEYS_WHEN_PRESENT = {
 
 # The env group: one entry per numeric key, with its range.
 ENV_KEYS = {
+    "env.device_memory_gb": NULL_OR_POSITIVE,
     "env.reserved_cap_gb": NULL_OR_POSITIVE,
 }
 
@@ -107,6 +108,7 @@ def bad_debug_step(debug: dict[str, Any], steps: int) -> str | None:
 
 def check_env(cfg: dict[str, Any]) -> None:
     check_keys(cfg, ENV_KEYS)
+    emulated_device.check(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
 
 
 def check_debug(cfg: dict[str, Any]) -> None:

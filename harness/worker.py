@@ -14,16 +14,17 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
-from harness import arms, models
+from harness import arms, emulated_device, models
 from harness.budget import GB, resolve_budget_bytes
 from harness.diagnostics import StepDiagnostics
-from harness.metrics import OFFLOAD_COUNTERS, MemoryMonitor, aggregate_over_ranks, phase_of
+from harness.metrics import OFFLOAD_COUNTERS, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
 from harness.sinks import StepWriter, write_json_atomic
 
 OOM_EXIT_CODE = 3
@@ -53,16 +54,27 @@ def init_distributed(cuda: bool) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+@dataclass
+class Position:
+    """Where a rank is: before step 0 (building the model and engine) or inside an optimizer step."""
+    step: int | None = None
+    phase: int | None = None
+
+    @property
+    def stage(self) -> str:
+        return "build" if self.step is None else "step"
+
+
 def cap_reserved_memory(cap_gb: float | None, monitor: MemoryMonitor) -> None:
-    """env.reserved_cap_gb: the caching allocator's ceiling, set as a fraction of the device's memory. Set when the
-    final phase begins: earlier phases hold every optimizer state resident (offload arms evict them only then)."""
+    """env.reserved_cap_gb: the caching allocator's ceiling, set when the final phase begins: earlier phases hold
+    every optimizer state resident (offload arms evict them only then). A measurement tool inside whatever device
+    (real or emulated) the run has."""
     if cap_gb is None:
         return
     if not monitor.cuda:
         print("worker: env.reserved_cap_gb needs CUDA (it caps the caching allocator); ignored", flush=True)
         return
-    fraction = min(1.0, cap_gb * GB / monitor.device_total_bytes())
-    torch.cuda.set_per_process_memory_fraction(fraction, monitor.device)
+    emulated_device.set_allocator_ceiling(int(cap_gb * GB), physical_total_bytes(monitor.device), monitor.device)
 
 
 def resolve_budget(offload_cfg: dict, monitor: MemoryMonitor, device: torch.device) -> int | None:
@@ -77,10 +89,18 @@ def resolve_budget(offload_cfg: dict, monitor: MemoryMonitor, device: torch.devi
     return int(value.item())
 
 
-def gather_hostnames() -> list[str]:
-    names: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(names, socket.gethostname())
-    return sorted(set(names))
+def gather_from_ranks(value: Any) -> list[Any]:
+    """Every rank's value, in rank order."""
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def accelerator_total_bytes() -> int:
+    """The device size DeepSpeed's accelerator reports to DeepCompile's passes (the emulated one if set)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return int(get_accelerator().total_memory())
 
 
 def _fault_here(debug: dict, step: int, rank: int) -> bool:
@@ -125,14 +145,15 @@ class OffloadCounters:
         return deltas
 
 
-def run(cfg: dict, run_dir: Path) -> None:
+def run(cfg: dict, run_dir: Path, position: Position) -> None:
     import deepspeed
 
     cuda = torch.cuda.is_available()
     device = init_distributed(cuda)
     rank, world = dist.get_rank(), dist.get_world_size()
     train, model_cfg = cfg["train"], cfg["model"]
-    monitor = MemoryMonitor(device)
+    # Before anything is allocated: the whole run sees the emulated device, phase 0 included.
+    monitor = MemoryMonitor(device, emulated_device.apply(cfg["env"], device, physical_total_bytes(device)))
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
         print(f"worker: rank {rank}: {outside / 1e9:.1f} GB of device memory in use outside this process before "
@@ -153,8 +174,12 @@ def run(cfg: dict, run_dir: Path) -> None:
     starts = arms.phase_starts(cfg, schedule)
 
     flops_per_token = models.flops_per_token(model_cfg, n_params, train["seq_len"])
-    facts = {"world_size": world, "hostnames": gather_hostnames(), "budget_bytes": budget,
-             "device_total_bytes": monitor.device_total_bytes(), "phase_starts": starts, "n_params": n_params,
+    facts = {"world_size": world, "hostnames": sorted(set(gather_from_ranks(socket.gethostname()))),
+             "budget_bytes": budget, "device_total_bytes": monitor.device_total_bytes(),
+             "physical_device_total_bytes": physical_total_bytes(device),
+             "device_memory_bytes": monitor.emulated_bytes,
+             "accelerator_total_bytes_per_rank": gather_from_ranks(accelerator_total_bytes()),
+             "phase_starts": starts, "n_params": n_params,
              "flops_per_token": flops_per_token, "planned_offload_bytes": None,
              "used_outside_torch_bytes_at_start": outside}
     writer = StepWriter(run_dir) if rank == 0 else None
@@ -168,8 +193,9 @@ def run(cfg: dict, run_dir: Path) -> None:
     diagnostics = StepDiagnostics(cfg["debug"], rank, monitor.cuda)
     final_start = max(s for s in starts if s < train["steps"])  # the last phase this run reaches
     for step in range(train["steps"]):
-        inject_fault(cfg, step, rank)
         phase, phase_step = phase_of(step, starts)
+        position.step, position.phase = step, phase
+        inject_fault(cfg, step, rank)
         if step == final_start:
             cap_reserved_memory(cfg["env"]["reserved_cap_gb"], monitor)
         monitor.reset_peaks()
@@ -223,19 +249,36 @@ def progress_line(record: dict, steps: int) -> str:
             f" | loss {record['loss']:.4f} | {record['tokens_per_s']:,.0f} tok/s{mem}")
 
 
-def write_error(run_dir: Path, kind: str, error: BaseException) -> None:
+def write_error(run_dir: Path, kind: str, error: BaseException, details: dict | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     write_json_atomic(run_dir / f"error.rank{rank}.json",
-                      {"kind": kind, "rank": rank, "message": f"{type(error).__name__}: {error}"[:2000]})
+                      {"kind": kind, "rank": rank, "message": f"{type(error).__name__}: {error}"[:2000],
+                       **(details or {})})
+
+
+def oom_details(error: BaseException, position: Position, env_cfg: dict) -> dict:
+    """Where a rank ran out and by how much: the failing step and phase (or the build), the allocation asked for,
+    and what the allocator held against its limit (the emulated size, else the real device) at that moment."""
+    details = {"step": position.step, "phase": position.phase, "stage": position.stage,
+               "requested_bytes": emulated_device.requested_bytes(str(error)), "limit_bytes": None,
+               "reserved_bytes": None, "allocated_bytes": None, "free_bytes": None}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        limit = emulated_device.size_bytes(env_cfg) or torch.cuda.get_device_properties(device).total_memory
+        reserved = torch.cuda.memory_reserved(device)
+        details.update(limit_bytes=limit, reserved_bytes=reserved, allocated_bytes=torch.cuda.memory_allocated(device),
+                       free_bytes=max(0, limit - reserved))
+    return details
 
 
 def main(argv: list[str] | None = None) -> None:
     run_dir = Path((argv or sys.argv[1:])[0])
     cfg = load_config(run_dir)
+    position = Position()
     try:
-        run(cfg, run_dir)
+        run(cfg, run_dir, position)
     except torch.OutOfMemoryError as error:
-        write_error(run_dir, "oom", error)
+        write_error(run_dir, "oom", error, oom_details(error, position, cfg["env"]))
         traceback.print_exc()
         sys.exit(OOM_EXIT_CODE)
     except Exception as error:

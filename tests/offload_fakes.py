@@ -78,7 +78,7 @@ class FakeDevice:
 
 class FakeZero3Optimizer:
     """The parts of DeepSpeedZeroOptimizer_Stage3 the offload code reads: fp32 flat partitions per sub-group, the
-    inner optimizer's state keyed by them, and `_prepare_sub_group`."""
+    inner optimizer's state keyed by them, `_prepare_sub_group` and `_release_sub_group`."""
 
     def __init__(self, sub_group_numels=(6, 4), states=("exp_avg", "exp_avg_sq")):
         generator = torch.Generator().manual_seed(0)
@@ -88,17 +88,22 @@ class FakeZero3Optimizer:
                                                   for key in states}}
             for flat in self.fp32_partitioned_groups_flat})
         self.prepared: list[int] = []
+        self.released: list[int] = []
 
     def _prepare_sub_group(self, sub_group_id, timer_names):
         self.prepared.append(sub_group_id)
 
+    def _release_sub_group(self, sub_group_id, timer_names):
+        self.released.append(sub_group_id)
+
     def step(self) -> None:
-        """Each sub-group's turn, as ZeRO-3's step() takes them: prepare, then update the states in place."""
+        """Each sub-group's turn, as ZeRO-3's step() takes them: prepare, update the states in place, release."""
         for sub_group_id, flat in enumerate(self.fp32_partitioned_groups_flat):
             self._prepare_sub_group(sub_group_id, set())
             flat.add_(1.0)
             for value in self.optimizer.state[flat].values():
                 value.add_(1.0)
+            self._release_sub_group(sub_group_id, set())
 
     def snapshot(self) -> list[torch.Tensor]:
         return [tensor.clone() for flat in self.fp32_partitioned_groups_flat

@@ -4,11 +4,13 @@ import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import yaml
 
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep, load_sweeps, load_wandb, wandb_point
+from analysis.tables import design
 from harness.sinks import flat_summary
 
 
@@ -189,3 +191,30 @@ def test_load_wandb_asks_for_the_sweep_group():
     assert asked == [("me/p", {"group": "budget_sweep"})]
     assert sweep.points[["arm", "status", "final_step_time_s_median", "run_dir"]].values.tolist() == \
         [["zero3", "ok", 0.2, "me/p/id1"]]
+
+
+def test_emulated_device_size_and_oom_block_become_columns_and_old_run_dirs_read_as_null(tmp_path):
+    oom = {"step": 3, "phase": 1, "stage": "step", "requested_bytes": 2 * 10**9, "free_bytes": 5 * 10**8,
+           "limit_bytes": 24 * 10**9, "reserved_bytes": 23 * 10**9, "allocated_bytes": 22 * 10**9,
+           "message": "CUDA out of memory"}
+    write_point(tmp_path, 0, device_memory_gb=24.0, status="oom", oom=oom,
+                phase_times=[(2.0, 0.5, 0.5), (3.0,)])
+    write_point(tmp_path, 1, device_memory_gb=24.0, micro_batch=1)
+    write_point(tmp_path, 2, micro_batch=4)  # an old run dir: no env.device_memory_gb, no oom block
+    points = load_sweep(tmp_path).points.set_index("micro_batch")
+    assert points.loc[2, ["device_memory_gb", "device_memory_bytes"]].tolist() == [24.0, 24 * 10**9]
+    assert points.loc[2, [f"oom_{field}" for field in oom]].tolist() == list(oom.values())
+    assert points.loc[1, "device_memory_gb"] == 24.0 and pd.isna(points.loc[1, "oom_phase"])
+    assert points.loc[4, ["device_memory_gb", "device_memory_bytes", "oom_stage"]].isna().all()
+
+
+def test_the_emulated_size_labels_points_and_the_oom_block_never_splits_them(tmp_path):
+    write_point(tmp_path, 0, arm="zero3", device_memory_gb=24.0)
+    write_point(tmp_path, 1, arm="zero3", device_memory_gb=24.0, repeat=1, status="oom",
+                oom={"stage": "build", "phase": None, "step": None, "message": "out of memory"}, phase_times=[])
+    write_point(tmp_path, 2, arm="zero3", device_memory_gb=40.0)
+    points = load_sweep(tmp_path).points
+    points_design = design(points)
+    assert points_design.keys == ["arm", "device_memory_gb"]
+    assert [points_design.label(row) for row in points.to_dict("records")] == \
+        ["zero3, device_memory_gb=24"] * 2 + ["zero3, device_memory_gb=40"]

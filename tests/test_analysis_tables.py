@@ -160,3 +160,12 @@ def test_latex_and_markdown_escape_what_they_must():
                            columns=pd.MultiIndex.from_tuples([("", "arm"), ("", "x"), ("", "y")]))
     assert "zero\\_offload & a|b & 50\\% \\\\" in to_latex(display)
     assert "| zero_offload | a\\|b | 50% |" in to_markdown(display)
+
+
+def test_speedups_compare_points_under_the_same_emulated_device(tmp_path):
+    write_point(tmp_path, 0, arm="zero3", device_memory_gb=24.0, phase_times=[steady(1.0)])
+    write_point(tmp_path, 1, arm="zero3", device_memory_gb=80.0, phase_times=[steady(0.5)])
+    write_point(tmp_path, 2, arm="offload", device_memory_gb=24.0, phase_times=[steady(0.25)])
+    table = throughput_table(load_sweep(tmp_path).points)
+    assert display_cell(table, "offload", ("seq 64", "vs zero3")) == "4.00x"  # 24 GB zero3, not 80 GB
+    assert display_cell(table, "zero3, device_memory_gb=80", ("seq 64", "vs zero3")) == "1.00x"

@@ -109,6 +109,10 @@ def test_unknown_group_option_is_one_line_naming_the_group():
     (["train.reduce_bucket_size=0"], "train.reduce_bucket_size"),
     (["train.reduce_bucket_size=1.5"], "train.reduce_bucket_size"),
     (["train.reduce_bucket_size=big"], "train.reduce_bucket_size"),
+    (["env.device_memory_gb=0"], "env.device_memory_gb"),
+    (["env.device_memory_gb=nan"], "env.device_memory_gb"),
+    (["env.device_memory_gb=12", "env.reserved_cap_gb=13"], "env.reserved_cap_gb"),
+    (["arm=offload", "offload.evict_from=never"], "offload.evict_from"),
 ])
 def test_bad_values_name_their_key(overrides, key):
     cfg = OmegaConf.to_container(compose_config(overrides), resolve=True)

@@ -238,9 +238,35 @@ def gated_runtime(bound):
     optimizer = FakeZero3Optimizer()
     runtime, device = make_runtime(optimizer)
     bound(runtime)
-    SubGroupGate(optimizer, runtime.before_sub_group_step).install()
+    SubGroupGate(optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()
     runtime.gated = True
     return optimizer, runtime, device
+
+
+def test_evict_from_start_keeps_states_on_the_host_between_updates_until_the_first_plan(bound):
+    """offload.evict_from=start: phase 0 holds no state on the device except the sub-group being updated; the
+    updates land in the states all the same, and once a plan is armed the states stay after their update."""
+    optimizer, runtime, device = gated_runtime(bound)
+    expected = [tensor + 1.0 for tensor in optimizer.snapshot()]
+    moved = runtime.evict_from_start(lambda: discover_tasks(optimizer))
+    assert moved == sum(slot.task.nbytes for slot in runtime.slots.values())
+    assert all(slot.on_host for slot in runtime.slots.values())
+    on_device_during_update = []
+    prepare = optimizer._prepare_sub_group
+
+    def watch(sub_group_id, timer_names):
+        prepare(sub_group_id, timer_names)
+        on_device_during_update.append(sorted(s.task.id for s in runtime.slots.values() if not s.on_host))
+
+    optimizer._prepare_sub_group = watch
+    optimizer.step()
+    assert on_device_during_update == [["0:exp_avg", "0:exp_avg_sq", "0:fp32"], ["1:exp_avg", "1:exp_avg_sq", "1:fp32"]]
+    assert all(slot.on_host for slot in runtime.slots.values())
+    assert all(torch.equal(a, b) for a, b in zip(optimizer.snapshot(), expected))
+    plan_all(runtime, [])
+    optimizer.step()
+    assert not any(slot.on_host for slot in runtime.slots.values())
+    assert all(torch.equal(a, b + 1.0) for a, b in zip(optimizer.snapshot(), expected))
 
 
 def test_async_step_moves_only_planned_states_and_counts_them(bound):
@@ -373,7 +399,7 @@ def test_empty_cache_calls_per_step(bound, policy, expected):
 DS_OK = {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}, "gradient_accumulation_steps": 1}
 OFFLOAD_OK = {"budget_gb": None, "budget_fraction": None, "margin": 0.2, "mode": "async",
               "empty_cache": "once_per_phase", "streams": "split", "reload": "asap", "release": "recorded",
-              "peak_cap_gb": None}
+              "evict_from": "planning_step", "peak_cap_gb": None}
 
 
 def with_change(base: dict, path: str, value):
@@ -443,11 +469,13 @@ def test_check_config_names_a_missing_knob():
 
 
 def _zero3_losses(steps: int, offload_from_step: int | None,
-                  release_sites: dict[str, tuple[str, ...]] | None = None) -> tuple[list[float], dict]:
+                  release_sites: dict[str, tuple[str, ...]] | None = None,
+                  evict_from_start: bool = False) -> tuple[list[float], dict]:
     """Train a small model with DeepSpeed ZeRO-3 (CPU, world size 1). With offload_from_step, drive the runtime
     as the compiled graphs would from that step on: evict, then per step launch -> forward -> backward -> reloads
     -> end of backward -> step (gated per sub-group). With release_sites, the mover holds the offloaded blocks
-    (release=ordered) and each site's release op runs right after the launch."""
+    (release=ordered) and each site's release op runs right after the launch. With evict_from_start, every state
+    leaves the device before step 0 (offload.evict_from=start) and the steps before the plan cycle them."""
     import deepspeed
 
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
@@ -459,12 +487,14 @@ def _zero3_losses(steps: int, offload_from_step: int | None,
     device = FakeDevice()
     runtime = OffloadRuntime(StateMover(device, hold=release_sites is not None), "async",
                              EmptyCachePolicy("never", device.empty_cache))
-    SubGroupGate(engine.optimizer, runtime.before_sub_group_step).install()
+    SubGroupGate(engine.optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()
     runtime.gated = True
     ops.bind_runtime(runtime)
     generator = torch.Generator().manual_seed(1)
     start = counters()
-    losses, seen = [], {"on_host_in_forward": [], "tasks": []}
+    losses, seen = [], {"on_host_in_forward": [], "tasks": [], "on_host_after_step": []}
+    if evict_from_start:
+        runtime.evict_from_start(lambda: discover_tasks(engine.optimizer))
     try:
         for step in range(steps):
             x, y = torch.randn(2, 16, generator=generator), torch.randn(2, 4, generator=generator)
@@ -490,6 +520,7 @@ def _zero3_losses(steps: int, offload_from_step: int | None,
                 call(ops.END_BACKWARD)
             engine.step()
             losses.append(loss.item())
+            seen["on_host_after_step"].append(sum(slot.on_host for slot in runtime.slots.values()))
     finally:
         ops.bind_runtime(None)
     seen["reloads"] = counters()["reloads"] - start["reloads"]
@@ -507,6 +538,19 @@ def test_zero3_round_trip_keeps_the_losses_of_a_run_without_offload(monkeypatch)
     assert offloaded == baseline
     # only the compile step brought states back outside reload ops: sub-group 0, which the plan keeps resident
     assert seen["runtime"].fallback_reloads == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
+def test_zero3_states_evicted_before_step_0_keep_the_losses(monkeypatch):
+    """offload.evict_from=start on real ZeRO-3: step 0 (phase 0) updates with every state on the host between
+    sub-group updates; the losses equal a run that never moves a state."""
+    init_deepspeed_on_cpu(monkeypatch)
+    baseline, _ = _zero3_losses(5, offload_from_step=None)
+    offloaded, seen = _zero3_losses(5, offload_from_step=1, evict_from_start=True)
+    assert offloaded == baseline
+    # the moments come to exist at step 0's updates (torch Adam), and went out after them with the masters
+    assert seen["on_host_after_step"][0] == 6
+    assert seen["on_host_after_step"][1:] == [0] * 4  # after the plan, states stay for the next launch
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")

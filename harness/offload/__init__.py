@@ -19,6 +19,7 @@ KNOBS = {
     "streams": ("split", "single"),
     "reload": ("asap", "at_end"),
     "release": ("recorded", "ordered"),
+    "evict_from": ("start", "planning_step"),
 }
 KNOB_CHECKS = {
     **{f"offload.{key}": Choice(allowed) for key, allowed in KNOBS.items()},
@@ -104,13 +105,14 @@ def planned_offload_bytes() -> int | None:
 def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
     """Register our ops and passes on a ZeRO-3 DeepSpeed engine; return the schedule for engine.compile()."""
     import torch
+    from deepspeed.accelerator import get_accelerator
     from deepspeed.compile.util import get_deepcompile_handle
 
     from harness.offload import ops, schedule
     from harness.offload.graph_pass import OffloadPass, PlanFiles
     from harness.offload.mover import CudaDevice, StateMover
     from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
-    from harness.offload.states import SubGroupGate
+    from harness.offload.states import SubGroupGate, discover_tasks
 
     check_knobs(offload_cfg)
     if not isinstance(budget_bytes, int) or budget_bytes < 0:
@@ -126,12 +128,16 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
         is_profiling=lambda: get_deepcompile_handle().is_profiling())
     ops.register_ops()
     ops.bind_runtime(runtime)
-    SubGroupGate(optimizer, runtime.before_sub_group_step).install()
+    SubGroupGate(optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()
     runtime.gated = True
+    if offload_cfg["evict_from"] == "start":
+        moved = runtime.evict_from_start(lambda: discover_tasks(optimizer))
+        print(f"offload: {len(runtime.slots)} optimizer states ({moved / 1e9:.2f} GB) moved to the host before "
+              "step 0 (offload.evict_from=start)", flush=True)
     compile_schedule = schedule.build_schedule()
     offload_pass = OffloadPass(
         runtime, optimizer, budget_bytes, offload_cfg["reload"], PlanFiles(run_dir),
-        device_total_bytes=torch.cuda.get_device_properties(device.device).total_memory,
+        device_total_bytes=int(get_accelerator().total_memory()),  # the emulated size, if one is set
         current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps),
         release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg))
     schedule.register_passes(engine, offload_pass)

@@ -59,6 +59,8 @@ class OffloadRuntime:
         self.planned: frozenset[str] = frozenset()  # task ids the launch op offloads (async mode)
         self.release_sites: dict[str, tuple[str, ...]] = {}  # release op site -> task ids it releases
         self.gated = False                          # a SubGroupGate calls before_sub_group_step
+        self.out_until_plan = False                 # until the first plan: states stay on the host between updates
+        self._discover: Callable[[], Iterable[StateTask]] = lambda: ()  # the optimizer's states as they are now
         self.fallback_reloads = 0                   # states brought back outside a reload op, cumulative
         self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
         self._warned = False                        # one warning per plan about states found out of place
@@ -75,6 +77,16 @@ class OffloadRuntime:
 
     def evict_all(self) -> int:
         return self.mover.evict_all(self.slots.values())
+
+    def evict_from_start(self, discover: Callable[[], Iterable[StateTask]]) -> int:
+        """Before step 0 (offload.evict_from=start): take every state off the device, so phase 0 needs no more
+        memory than the planned phases; until the first plan each sub-group's states come back for its own update
+        only (the gate) and go out again after it. `discover` lists the optimizer's states as they are at the
+        time: Adam's moments come to exist only at the first update. Returns the bytes moved now."""
+        self._discover = discover
+        self.adopt(discover())
+        self.out_until_plan = True
+        return self.evict_all()
 
     def begin_phase(self) -> None:
         """New graphs are being compiled: nothing is launched until their plan is made."""
@@ -93,6 +105,7 @@ class OffloadRuntime:
         self.release_sites = dict(release_sites)
         self._ends_since_plan = 0
         self._warned = False
+        self.out_until_plan = False
         self.cache_policy.arm()
 
     # ------------------------------------------------------------------ the ops
@@ -147,6 +160,13 @@ class OffloadRuntime:
         slots = [slot for slot in self.slots.values() if slot.task.sub_group == sub_group]
         self._bring_back(slots, where=f"optimizer step of sub-group {sub_group}")
         self.mover.wait_reloaded(slots)
+
+    def after_sub_group_step(self, sub_group: int) -> None:
+        """ZeRO-3 has queued this sub-group's update: before the first plan, its states go back out (their copies
+        wait for the update on the compute stream; the blocks are reusable once the copies are done)."""
+        if self.out_until_plan:
+            self.adopt(self._discover())  # the first update creates the moments
+            self.mover.offload([slot for slot in self.slots.values() if slot.task.sub_group == sub_group], hold=False)
 
     def _bring_back(self, slots: Iterable[StateSlot], where: str) -> None:
         restored = [slot for slot in slots if self.mover.reload(slot)]

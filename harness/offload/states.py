@@ -61,26 +61,40 @@ def discover_tasks(zero_optimizer) -> list[StateTask]:
 
 
 class SubGroupGate:
-    """Runs `before_update(sub_group_id)` at the start of each sub-group's turn in ZeRO-3's step().
+    """Runs `before_update(sub_group_id)` at the start of each sub-group's turn in ZeRO-3's step(), and
+    `after_update(sub_group_id)` (if given) at its end.
 
     `_prepare_sub_group` is the first thing step() does for a sub-group: it attaches the fp32 gradient to the
     master partition (which must already be a device tensor by then) and precedes every kernel that reads the
     sub-group's states. Waiting there, per sub-group, lets sub-group 0 update while later states still copy in.
+    `_release_sub_group` is the last thing step() does for a sub-group, once its update has been queued.
     """
 
     _MARK = "_offload_harness_gate"
 
-    def __init__(self, zero_optimizer, before_update: Callable[[int], None]):
+    def __init__(self, zero_optimizer, before_update: Callable[[int], None],
+                 after_update: Callable[[int], None] | None = None):
         self.optimizer = zero_optimizer
         self.before_update = before_update
+        self.after_update = after_update
 
     def install(self) -> None:
-        original = getattr(self.optimizer, "_prepare_sub_group")
+        self._wrap("_prepare_sub_group", before=self.before_update)
+        if self.after_update is not None:
+            self._wrap("_release_sub_group", after=self.after_update)
+
+    def _wrap(self, method: str, before: Callable[[int], None] | None = None,
+              after: Callable[[int], None] | None = None) -> None:
+        original = getattr(self.optimizer, method)
         original = getattr(original, self._MARK, original)  # re-installing replaces, never stacks
 
         def gated(sub_group_id, *args, **kwargs):
-            self.before_update(sub_group_id)
-            return original(sub_group_id, *args, **kwargs)
+            if before is not None:
+                before(sub_group_id)
+            result = original(sub_group_id, *args, **kwargs)
+            if after is not None:
+                after(sub_group_id)
+            return result
 
         setattr(gated, self._MARK, original)
-        self.optimizer._prepare_sub_group = gated
+        setattr(self.optimizer, method, gated)
