@@ -39,6 +39,7 @@ def refusal(*overrides: str) -> ConfigError:
     ("train.lr=nan", "train.lr"),
     ("launcher.timeout_s=inf", "launcher.timeout_s"),
     ("env.reserved_cap_gb=inf", "env.reserved_cap_gb"),
+    ("env.device_memory_gb=lots", "env.device_memory_gb"),
     ("model=qwen3_0.6b model.config.rope_theta=nan", "model.config.rope_theta"),
     # ranges
     ("train.lr=-1", "train.lr"),
@@ -117,3 +118,13 @@ def test_a_number_is_compared_with_its_type():
     with pytest.raises(ConfigError) as err:
         Choice((True, False)).check("launcher.requeue", 1)  # 1 == True in Python, not in a config
     assert str(err.value) == "launcher.requeue: must be one of true, false, got 1"
+
+
+def test_a_refused_config_still_gets_its_summary():
+    # a sweep records every refused point; its summary must not trip over the values it refused
+    from harness.run import build_summary
+
+    cfg = config("env.device_memory_gb=lots", "launcher.nnodes=two")
+    summary = build_summary(cfg, "config_error", str(refusal("launcher.nnodes=two")), [], 0.0, {})
+    assert summary["world_size"] is None and summary["device_memory_bytes"] is None
+    assert summary["reason"].startswith("launcher.nnodes: ")
