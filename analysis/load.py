@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from harness.checks import lookup
 from harness.launch import STATUSES
 from harness.sinks import job_order
 
@@ -59,7 +60,7 @@ RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout): a
 # point with an injected fault stands where a real failure of the same design point would.
-OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.timeout_s$")
+OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$")
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
 GB = 1e9  # budgets are decimal gigabytes throughout the harness
 MISSING = object()  # a config key that is not there, as opposed to one set to null
@@ -219,7 +220,7 @@ def _read_config(config_file: Path) -> Mapping[str, Any]:
         config = yaml.safe_load(config_file.read_text())
     except yaml.YAMLError as error:
         raise MalformedFile(str(config_file), f"not valid YAML ({type(error).__name__})") from error
-    if not isinstance(config, Mapping) or not _lookup(config, "arm.name") or not _lookup(config, "model.name"):
+    if not isinstance(config, Mapping) or not lookup(config, "arm.name", None) or not lookup(config, "model.name", None):
         raise MalformedFile(str(config_file), "not a resolved config (needs arm.name and model.name)")
     return config
 
@@ -254,15 +255,6 @@ def _override_values(overrides: Iterable[str]) -> dict[str, str]:
     return {key: value for key, value in pairs if not key.startswith("hydra.")}
 
 
-def _lookup(config: Mapping[str, Any], dotted_key: str, default: Any = None) -> Any:
-    value: Any = config
-    for part in dotted_key.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return default
-        value = value[part]
-    return value
-
-
 def _cell(value: Any) -> Any:
     """Lists and dicts become JSON text so that points can be grouped and compared by them."""
     if isinstance(value, (list, tuple, Mapping)):
@@ -276,7 +268,7 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
     by its value in the config, or as written in the override when the config has no such key (a group
     choice that the resolved config does not name, e.g. '+experiments/pr8186_rows=zero3')."""
     overrides = overrides or {}
-    row = {column: _cell(_lookup(config, key)) for key, column in CONFIG_COLUMNS.items()}
+    row = {column: _cell(lookup(config, key, None)) for key, column in CONFIG_COLUMNS.items()}
     arm = config.get("arm") if isinstance(config.get("arm"), Mapping) else {}
     covered = set(CONFIG_COLUMNS)
     for knob, value in arm.items():
@@ -284,7 +276,7 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
             row[f"arm_{knob}"] = _cell(value)
             covered.add(f"arm.{knob}")
     for key in override_keys:
-        value = _lookup(config, key, MISSING)
+        value = lookup(config, key, MISSING)
         if key in covered or isinstance(value, Mapping):  # a Mapping is a named group: arm=zero3 -> arm.name
             continue
         row[key] = overrides.get(key) if value is MISSING else _cell(value)

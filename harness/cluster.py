@@ -34,9 +34,10 @@ RDZV_PORT_BASE, RDZV_PORT_SPAN = 29500, 2000  # below Linux's ephemeral range, s
 # signal_delay_s = 120 s ahead; SLURM may send it up to 60 s early).
 TIME_LIMIT_WINDOW_S = 300
 ATTEMPTS_DIR = "attempts"
-# The files of one attempt at a point; a requeued point sets them aside before it starts again.
-ATTEMPT_FILES = ("steps.jsonl", "summary.json", "worker.json", "env.json", "worker.log", "profile.json",
-                 "plan.json", "wandb", "error.rank*.json", "node*.failed.json")
+# The files of one attempt at a point; a requeued or re-run point sets them aside before it starts again.
+ATTEMPT_FILES = ("config.yaml", ".hydra", "steps.jsonl", "summary.json", "worker.json", "env.json", "worker.log",
+                 "profile.json", "plan.json", "wandb", "error.rank*.json", "node*.failed.json", "torch_trace.json",
+                 "torch_ops.txt", "memory_snapshot.pickle", "memory_trace.json")
 
 
 # --- where this driver sits -------------------------------------------------------------------------
@@ -190,10 +191,11 @@ def requeue_job(place: NodePlace) -> bool:
 
 
 def set_aside_previous_attempt(run_dir: Path) -> Path | None:
-    """Move an earlier attempt's files (a requeued point) to attempts/N/ so steps.jsonl starts empty."""
+    """Move an earlier attempt's files (a requeued or re-run point) to attempts/N/, whole (its config and
+    .hydra/ too), so this attempt starts with an empty steps.jsonl; returns where they went."""
     run_dir = Path(run_dir)
     found = [p for pattern in ATTEMPT_FILES for p in run_dir.glob(pattern)]
-    if not any(p.name in ("steps.jsonl", "summary.json") for p in found):
+    if not found:
         return None
     attempts = run_dir / ATTEMPTS_DIR
     target = attempts / str(len(list(attempts.glob("*"))) if attempts.exists() else 0)
@@ -273,6 +275,9 @@ def compose_point(overrides: list[str], with_hydra: bool = False, multirun: bool
     composes a sweep's primary config, where comma lists are allowed."""
     os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))
     from hydra import initialize_config_dir
+
+    from harness import dirnames
+    dirnames.register()
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from hydra.types import RunMode

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-STATUSES = ("ok", "oom", "died", "timeout", "preempted", "skipped", "config_error")
+import psutil
+
+STATUSES = ("ok", "oom", "died", "timeout", "preempted", "interrupted", "skipped", "config_error", "error")
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
 LOG_FILE = "worker.log"
 _KILL_GRACE_S = 10
 _POLL_S = 1.0  # how often the launch loop checks the timeout and the point's other nodes
@@ -28,9 +31,10 @@ class LaunchResult:
     returncode: int | None
     timed_out: bool
     wall_time_s: float
-    stopped_as: str | None = None    # "preempted" | "timeout": a stop signal (SLURM) ended the point
+    stopped_as: str | None = None    # "preempted" | "timeout" (SLURM's stop signals) | "interrupted" (Ctrl-C, SIGHUP)
     stop_signal: str | None = None   # its name, e.g. SIGTERM
     peer_failure: str | None = None  # another node of a multi-node point failed first
+    stalled: str | None = None       # no new step for launcher.stall_timeout_s: why, naming the last step
 
 
 def torchrun_command(run_dir: Path, launcher: dict[str, Any]) -> list[str]:
@@ -80,42 +84,55 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
                 echo: Callable[[str], None] = print, *, log_name: str = LOG_FILE,
                 stop_signals: tuple[int, ...] = (signal.SIGTERM,),
                 name_stop: Callable[[int], str] = lambda signum: "preempted",
-                peer_failure: Callable[[], str | None] | None = None) -> LaunchResult:
-    """Run torchrun to completion, or kill its whole process group at the timeout, on a stop signal
-    (SLURM's preemption or time-limit warning; `name_stop` names the status) or when `peer_failure`
-    reports that another node of the point failed, recording which."""
+                peer_failure: Callable[[], str | None] | None = None,
+                stall: Callable[[], str | None] | None = None) -> LaunchResult:
+    """Run torchrun to completion, or stop every process of the point (SIGTERM, SIGKILL after a grace period)
+    at the timeout, when `stall` reports that the ranks stopped making progress, on a stop signal (SLURM's
+    preemption or time-limit warning; `name_stop` names the status), on Ctrl-C or SIGHUP (`interrupted`), or
+    when `peer_failure` reports that another node of the point failed, recording which. A second signal while
+    stopping kills at once. No process of the point outlives this call, however it ends."""
     stop: dict[str, str] = {}
+    point: list[PointProcesses] = []  # filled once torchrun runs; a signal may come before
+
+    def on_signal(signum, frame):
+        if stop:  # asked twice: no more grace
+            for processes in point:
+                processes.track()  # ranks started since the last poll too
+                processes.signal_all(signal.SIGKILL)
+            return
+        stop["status"] = "interrupted" if signum in INTERRUPT_SIGNALS else name_stop(signum)
+        stop["signal"] = signal.Signals(signum).name
+
     with open(run_dir / log_name, "a") as log:  # which command each node ran heads its log
         log.write(f"$ {shlex.join(cmd)}\n")
+    previous = _install_handlers(tuple(dict.fromkeys((*stop_signals, *INTERRUPT_SIGNALS))), on_signal)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    pump = threading.Thread(target=_pump, args=(proc.stdout, run_dir / log_name, echo), daemon=True)
-    pump.start()
-
-    def on_stop(signum, frame):
-        stop.setdefault("status", name_stop(signum))
-        stop.setdefault("signal", signal.Signals(signum).name)
-        _kill_group(proc)
-
-    previous = _install_handlers(stop_signals, on_stop)
-    timed_out, failed_peer = False, None
+    timed_out, failed_peer, stalled, pump = False, None, None, None
     try:
-        while proc.poll() is None:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        point.append(PointProcesses(proc))
+        pump = threading.Thread(target=_pump, args=(proc.stdout, run_dir / log_name, echo), daemon=True)
+        pump.start()
+        while proc.poll() is None and not stop:
+            point[0].track()
             timed_out = time.monotonic() - start >= timeout_s
             failed_peer = None if timed_out or peer_failure is None else peer_failure()
-            if timed_out or failed_peer:
-                _kill_group(proc)
+            stalled = None if timed_out or failed_peer or stall is None else stall()
+            if timed_out or failed_peer or stalled:
                 break
             try:
-                proc.wait(timeout=min(_POLL_S, timeout_s - (time.monotonic() - start)))
+                proc.wait(timeout=max(0.0, min(_POLL_S, timeout_s - (time.monotonic() - start))))
             except subprocess.TimeoutExpired:
                 continue
     finally:
+        for processes in point:
+            processes.stop()  # our handlers stay in place meanwhile: a second Ctrl-C kills at once
         _restore_handlers(previous)
-    pump.join(timeout=5)
+    if pump is not None:
+        pump.join(timeout=5)
     return LaunchResult(proc.returncode, timed_out and not stop, time.monotonic() - start,
-                        stop.get("status"), stop.get("signal"), failed_peer)
+                        stop.get("status"), stop.get("signal"), failed_peer, None if stop else stalled)
 
 
 def _install_handlers(signums: tuple[int, ...], handler) -> dict[int, Any]:
@@ -129,18 +146,54 @@ def _restore_handlers(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the point's process group, then SIGKILL what is left after a grace period."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+class PointProcesses:
+    """torchrun and every process below it. torchrun starts each rank in a session of its own, so signalling
+    torchrun's process group does not reach the ranks, and once torchrun is gone nothing links them to us:
+    every process seen below torchrun while the point runs is remembered and signalled as well."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self._seen: dict[int, psutil.Process] = {}
+
+    def track(self) -> None:
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+            below = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
             return
+        self._seen = {**self._seen, **{child.pid: child for child in below}}  # one assignment: a handler reads it
+
+    def signal_all(self, sig: int) -> None:
         try:
-            proc.wait(timeout=_KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for child in list(self._seen.values()):
+            try:
+                child.send_signal(sig)  # psutil refuses a pid that now belongs to another process
+            except psutil.Error:
+                pass
+
+    def alive(self) -> bool:
+        if self.proc.poll() is None:
+            return True
+        for child in list(self._seen.values()):
+            try:
+                if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
+    def stop(self) -> None:
+        """SIGTERM every process of the point, then SIGKILL what is left after a grace period."""
+        self.track()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self.alive():
+                return
+            self.signal_all(sig)
+            deadline = time.monotonic() + _KILL_GRACE_S
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
 
 
 def rank_errors(run_dir: Path) -> list[dict]:
@@ -160,6 +213,8 @@ def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wa
         return result.stopped_as, f"{result.stop_signal} after {steps_completed} of {steps_wanted} steps"
     if result.timed_out:
         return "timeout", f"no end after {result.wall_time_s:.0f} s ({steps_completed} of {steps_wanted} steps)"
+    if result.stalled:
+        return "timeout", result.stalled
     errors = rank_errors(run_dir)
     ooms = [e for e in errors if e["kind"] == "oom"]
     if ooms:

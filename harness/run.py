@@ -1,8 +1,10 @@
 """The driver of one sweep point (the Hydra app): `python -m harness.run [overrides]`, `-m` to sweep.
 
 validate -> run dir (config.yaml, env.json) -> torchrun workers -> classify -> summary.json -> W&B.
-A failed point is recorded with its status and never raises into the sweep; a bad config in a
-single run exits non-zero with one line naming the key.
+A failed point is recorded with its status and never raises into the sweep (a refused config is
+`config_error`, a failure of the driver itself `error`); a bad config in a single run exits 2 with one
+line naming the key. Ctrl-C (or SIGHUP) stops the point's ranks, records it `interrupted` with the steps
+done, writes the sweep's index and exits 130; a second Ctrl-C kills the ranks at once.
 """
 from __future__ import annotations
 
@@ -10,25 +12,31 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
+from harness import dirnames
 from harness.envinfo import REPO_ROOT
 
 os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))  # conf/config.yaml puts the repo root on the search path
+dirnames.register()  # conf/hydra/default.yaml names the point folders with it
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness import arms, cluster, emulated_device, launch  # noqa: E402
+from harness import arms, cluster, emulated_device, launch, progress  # noqa: E402
+from harness.checks import is_finite_number  # noqa: E402
 from harness.envinfo import collect_env  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.metrics import summarize_phases  # noqa: E402
-from harness.sinks import STEPS_FILE, SUMMARY_FILE, mirror_to_wandb, read_jsonl, write_json_atomic  # noqa: E402
+from harness.sinks import (STEPS_FILE, SUMMARY_FILE, SweepIndexCallback, mirror_to_wandb, read_jsonl,  # noqa: E402
+                           write_json_atomic)
 from harness.validate import check_group_choices, validate  # noqa: E402
 from harness.worker import WORKER_FILE  # noqa: E402
 
 CONFIG_ERROR_EXIT_CODE = 2
+INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
 PLAN_ONLY = "plan_only=true"  # on the command line: print the sweep's plan instead of running it
 
 
@@ -39,14 +47,24 @@ def build_summary(config: dict, status: str, reason: str | None, rows: list[dict
     return {
         "status": status, "reason": reason,
         "arm": config["arm"]["name"], "model": config["model"]["name"],
-        "world_size": worker_facts.get("world_size",
-                                       config["launcher"]["nproc_per_node"] * config["launcher"]["nnodes"]),
+        "world_size": worker_facts.get("world_size", _configured_world_size(config["launcher"])),
         "steps_completed": len(rows), "wall_time_s": wall_time_s,
         "budget_bytes": worker_facts.get("budget_bytes"),
         "planned_offload_bytes": worker_facts.get("planned_offload_bytes"),
-        "device_memory_bytes": emulated_device.size_bytes(config["env"]), "oom": oom,
+        "device_memory_bytes": _emulated_size_bytes(config["env"]), "oom": oom,
         "phases": phases, "final": phases[-1] if phases else None,
     }
+
+
+def _emulated_size_bytes(env: dict) -> int | None:
+    """env.device_memory_gb in bytes, None where it is null or not a number (a refused config)."""
+    return emulated_device.size_bytes(env) if is_finite_number(env.get("device_memory_gb")) else None
+
+
+def _configured_world_size(launcher: dict) -> int | None:
+    """nnodes x nproc_per_node, or None where they are not integers (a refused config)."""
+    sizes = (launcher.get("nproc_per_node"), launcher.get("nnodes"))
+    return sizes[0] * sizes[1] if all(type(n) is int for n in sizes) else None
 
 
 def _gpu_count() -> int:
@@ -74,15 +92,17 @@ def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str
         return build_summary(config, "skipped", f"arm {spec.name} needs CUDA; this machine has no GPU", [], 0.0, {})
 
     cmd, worker_env = cluster.node_command(config, run_dir, place)
-    multinode = config["launcher"]["nnodes"] > 1
+    launcher, steps = config["launcher"], config["train"]["steps"]
+    multinode = launcher["nnodes"] > 1
+    stall = progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None
     result = launch.run_workers(
-        cmd, worker_env, run_dir, config["launcher"]["timeout_s"], log_name=cluster.log_name(place),
+        cmd, worker_env, run_dir, launcher["timeout_s"], log_name=cluster.log_name(place),
         stop_signals=cluster.stop_signals(), name_stop=lambda signum: cluster.stop_status(signum, place, time.time()),
-        peer_failure=cluster.peer_failure_watch(run_dir, place) if multinode else None)
+        peer_failure=cluster.peer_failure_watch(run_dir, place) if multinode else None, stall=stall)
     if multinode and result.returncode != 0 and not (result.peer_failure or result.stopped_as or result.timed_out):
         cluster.write_node_failure(run_dir, place, result.returncode)  # the other nodes stop at once
     rows = read_jsonl(run_dir / STEPS_FILE)
-    status, reason = launch.classify(result, run_dir, len(rows), config["train"]["steps"])
+    status, reason = launch.classify(result, run_dir, len(rows), steps)
     facts_path = run_dir / WORKER_FILE
     facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
     if facts and place.primary:  # the ranks know the world they ran in
@@ -107,18 +127,36 @@ def print_phase_table(summary: dict) -> None:
 
 
 def drive(cfg: DictConfig) -> str:
-    """One point, from composed config to recorded summary; returns the status."""
+    """One point, from composed config to recorded summary; returns the status. In a multirun nothing raises
+    into the sweep (Hydra would then skip the sweep's index); Ctrl-C ends the sweep after this point."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    config = OmegaConf.to_container(cfg, resolve=True)
-    place = cluster.this_node(nnodes=config["launcher"]["nnodes"])  # only global node 0's driver records the point
+    place = cluster.this_node(nnodes=OmegaConf.select(cfg, "launcher.nnodes", throw_on_resolution_failure=False))
+    try:
+        status = record_point(cfg, run_dir, place, multirun)
+    except KeyboardInterrupt:  # Ctrl-C outside the ranks' run (run_workers handles it there)
+        status = record_failure(cfg, run_dir, place, "interrupted", "SIGINT in the driver")
+    except Exception as error:
+        traceback.print_exc()
+        status = record_failure(cfg, run_dir, place, "error", traceback_last_line(error))
+        if not multirun:
+            sys.exit(1)
+    if status == "interrupted":
+        stop_the_sweep(run_dir, multirun)
+    return status
+
+
+def record_point(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, multirun: bool) -> str:
+    """Validate, run and record one point (node 0 records it); returns its status."""
     if place.primary:
-        cluster.set_aside_previous_attempt(run_dir)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        start_attempt(run_dir, cfg)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if place.primary:
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
     try:
         validate(config, _gpu_count())
         emulated_device.check(config["env"], _device_total_bytes())
@@ -146,6 +184,48 @@ def drive(cfg: DictConfig) -> str:
     return summary["status"]
 
 
+def start_attempt(run_dir: Path, cfg: DictConfig) -> None:
+    """Set an earlier attempt in this run dir aside whole, then write this one's .hydra/ (what Hydra writes
+    there itself unless hydra.output_subdir is null, as conf/hydra/default.yaml sets it: before the task runs,
+    over the earlier attempt's copy)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    earlier = cluster.set_aside_previous_attempt(run_dir)
+    if earlier is not None:
+        print(f"{run_dir} held an earlier attempt: its files are now in {earlier}")
+    hydra_root = HydraConfig.instance().cfg
+    hydra_dir = run_dir / ".hydra"
+    hydra_dir.mkdir(exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_root),
+                       ("overrides.yaml", hydra_root.hydra.overrides.task)):
+        (hydra_dir / name).write_text(OmegaConf.to_yaml(node))
+
+
+def traceback_last_line(error: BaseException) -> str:
+    """What a traceback's last line says (the first line of a message that spans several)."""
+    return traceback.format_exception_only(error)[-1].strip().splitlines()[0]
+
+
+def record_failure(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, status: str, reason: str) -> str:
+    """Record a point that the driver could not finish, unless this attempt already has its summary."""
+    summary_path = run_dir / SUMMARY_FILE
+    if place.primary and run_dir.is_dir() and not summary_path.exists():
+        config = OmegaConf.to_container(cfg)  # unresolved: resolving may be what failed
+        if not (run_dir / "config.yaml").exists():
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        write_json_atomic(summary_path, build_summary(config, status, reason, read_jsonl(run_dir / STEPS_FILE), 0.0, {}))
+    print(f"status: {status} ({reason})", file=sys.stderr)
+    return status
+
+
+def stop_the_sweep(run_dir: Path, multirun: bool) -> None:
+    """After Ctrl-C: the point is recorded; write the sweep's index (Hydra will not) and exit."""
+    if multirun:
+        SweepIndexCallback.write_running_index()
+    print(f"interrupted: the point's run files are in {run_dir}", file=sys.stderr)
+    sys.exit(INTERRUPTED_EXIT_CODE)
+
+
 @hydra.main(version_base="1.3", config_path=str(REPO_ROOT / "conf"), config_name="config")
 def hydra_app(cfg: DictConfig) -> str:
     return drive(cfg)
@@ -164,7 +244,12 @@ def main() -> None:
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
-    hydra_app()
+    try:
+        hydra_app()
+    except KeyboardInterrupt:  # Ctrl-C between points: no point is running
+        SweepIndexCallback.write_running_index()
+        print("interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

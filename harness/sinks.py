@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +13,11 @@ STEPS_FILE, SUMMARY_FILE, INDEX_FILE = "steps.jsonl", "summary.json", "index.jso
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON so a reader never sees half a file (write a sibling temp file, then rename)."""
+    """Write JSON so a reader never sees half a file (write a sibling temp file, then rename). The temp file is
+    opened like any other run file (not mkstemp's 0600), so every run file gets the same mode."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "x") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
@@ -137,10 +138,21 @@ def job_order(run_dir: str | Path) -> tuple[int, str]:
 
 
 class SweepIndexCallback(Callback):
-    """Writes the sweep dir's index.jsonl when a multirun ends (also after failed points)."""
+    """Writes the sweep dir's index.jsonl when a multirun ends (also after failed points), or through
+    write_running_index when Ctrl-C ends it early (Hydra calls no callback then)."""
+
+    running_sweep_dir: Path | None = None  # the sweep dir of the multirun in this process
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        SweepIndexCallback.running_sweep_dir = Path(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        if sweep_dir.exists():
+        SweepIndexCallback.running_sweep_dir = Path(config.hydra.sweep.dir)
+        SweepIndexCallback.write_running_index()
+
+    @staticmethod
+    def write_running_index() -> None:
+        sweep_dir = SweepIndexCallback.running_sweep_dir
+        if sweep_dir is not None and sweep_dir.exists():
             path = write_sweep_index(sweep_dir)
             print(f"sweep index: {path} ({sum(1 for _ in open(path))} points)")

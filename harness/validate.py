@@ -1,53 +1,97 @@
-"""Refuse bad configs before anything is launched, with one line that names the offending key."""
+"""Refuse bad configs before anything is launched, with one line that names the offending key.
+
+Every key of every group is checked whatever the arm: first each value alone (its type, finiteness and range,
+from the tables below), then the rules that tie keys together (model shapes, steps that must exist).
+"""
 from __future__ import annotations
 
 from typing import Any
 
-from harness import arms, emulated_device
-from harness.budget import check_budget_keys, is_finite_number
+from harness import arms, emulated_device, offload
+from harness.checks import BOOL, NULL_OR_POSITIVE, POSITIVE, POSITIVE_INT, Choice, Number, check_keys
 from harness.errors import ConfigError
 from harness.models import FAMILIES
 
 FAULTS = (None, "kill", "oom", "hang", "slow")
 LOGGERS = ("wandb", "none")
-_POSITIVE_TRAIN_KEYS = ("steps", "micro_batch", "seq_len", "grad_accum")
+NULL_OR_STEP = Number(low=0, integer=True, nullable=True)
+
+# Keys every config has.
+REQUIRED_KEYS = {
+    "model.family": Choice(FAMILIES),
+    "train.micro_batch": POSITIVE_INT, "train.seq_len": POSITIVE_INT, "train.steps": POSITIVE_INT,
+    "train.grad_accum": POSITIVE_INT,
+    "train.dtype": Choice(arms.DTYPES),
+    "train.lr": POSITIVE,
+    "train.seed": Number(integer=True),
+    "train.repeat": Number(low=0, integer=True),
+    "train.sub_group_size": Number(low=1, whole=True, nullable=True),  # null: DeepSpeed's default
+    "train.reduce_bucket_size": Number(low=1, whole=True, nullable=True),
+    "train.torch_adam": Choice((None, True, False)),
+    "launcher.nproc_per_node": POSITIVE_INT, "launcher.nnodes": POSITIVE_INT,
+    "launcher.timeout_s": POSITIVE,
+    "launcher.stall_timeout_s": NULL_OR_POSITIVE,
+    "debug.fault": Choice(FAULTS),
+    "debug.fault_step": Number(low=0, integer=True), "debug.fault_rank": Number(low=0, integer=True),
+    "debug.fault_sleep_s": Number(low=0),
+    "debug.profile_step": NULL_OR_STEP, "debug.memory_trace_step": NULL_OR_STEP,
+    "logger.name": Choice(LOGGERS),
+}
+
+# Keys that only some options of a group have (an arm's own knobs, a launcher's or logger's settings).
+KEYS_WHEN_PRESENT = {
+    "arm.compile_backend": Choice(("inductor", "eager")),
+    "arm.schedule": Choice(("default", "z3_only")),
+    "arm.variant": Choice(("async", "sync")),
+    "arm.offload_optimizer": Choice((None, "cpu")),
+    "launcher.dist_timeout_min": NULL_OR_POSITIVE,
+    "launcher.rdzv_port": Number(low=1, high=65535, integer=True, nullable=True),
+    "launcher.requeue": BOOL,
+    "launcher.gpu_memory_gb": NULL_OR_POSITIVE,
+    "logger.mode": Choice(("offline", "online", "disabled")),
+}
+
+# The env group: one entry per numeric key, with its range.
+ENV_KEYS = {
+    "env.device_memory_gb": NULL_OR_POSITIVE,
+    "env.reserved_cap_gb": NULL_OR_POSITIVE,
+}
+
+# model.config: the dimensions transformers needs, and those it derives when absent or null.
+NULL_OR_POSITIVE_INT = Number(low=1, integer=True, nullable=True)
+MODEL_KEYS = {
+    "model.config.hidden_size": POSITIVE_INT, "model.config.num_hidden_layers": POSITIVE_INT,
+    "model.config.num_attention_heads": POSITIVE_INT, "model.config.vocab_size": Number(low=2, integer=True),
+}
+MODEL_KEYS_WHEN_PRESENT = {
+    "model.config.intermediate_size": NULL_OR_POSITIVE_INT, "model.config.num_key_value_heads": NULL_OR_POSITIVE_INT,
+    "model.config.head_dim": NULL_OR_POSITIVE_INT, "model.config.max_position_embeddings": NULL_OR_POSITIVE_INT,
+    "model.config.rope_theta": NULL_OR_POSITIVE, "model.config.rms_norm_eps": NULL_OR_POSITIVE,
+    "model.config.tie_word_embeddings": BOOL,
+}
 
 
-def _require_positive_int(section: dict, section_name: str, key: str) -> None:
-    value = section.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{section_name}.{key}", f"must be a positive integer, got {value!r}")
+def check_model_shape(model_config: dict[str, Any]) -> None:
+    """Heads must split the hidden size (unless head_dim sets their width) and kv heads must split the heads."""
+    hidden, heads = model_config["hidden_size"], model_config["num_attention_heads"]
+    if model_config.get("head_dim") is None and hidden % heads:
+        raise ConfigError("model.config.num_attention_heads",
+                          f"must divide hidden_size {hidden} (or set model.config.head_dim), got {heads}")
+    kv_heads = model_config.get("num_key_value_heads")
+    if kv_heads is not None and heads % kv_heads:
+        raise ConfigError("model.config.num_key_value_heads",
+                          f"must divide num_attention_heads {heads}, got {kv_heads}")
 
 
 def check_train(cfg: dict[str, Any]) -> None:
     train = cfg["train"]
-    for key in _POSITIVE_TRAIN_KEYS:
-        _require_positive_int(train, "train", key)
     max_positions = cfg["model"]["config"].get("max_position_embeddings")
     if max_positions is not None and train["seq_len"] > max_positions:
         raise ConfigError("train.seq_len", f"{train['seq_len']} exceeds the model's max_position_embeddings {max_positions}")
-    if not isinstance(train["repeat"], int) or train["repeat"] < 0:
-        raise ConfigError("train.repeat", f"must be an integer >= 0, got {train['repeat']!r}")
-    bucket = train["reduce_bucket_size"]
-    if bucket is not None and not (is_finite_number(bucket) and bucket >= 1 and float(bucket).is_integer()):
-        raise ConfigError("train.reduce_bucket_size", f"must be null or a whole number of elements >= 1, got {bucket!r}")
-
-
-def check_model(cfg: dict[str, Any]) -> None:
-    model = cfg["model"]
-    if model.get("family") not in FAMILIES:
-        raise ConfigError("model.family", f"must be one of {FAMILIES}, got {model.get('family')!r}")
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-        if key not in model.get("config", {}):
-            raise ConfigError(f"model.config.{key}", "missing")
 
 
 def check_launcher(cfg: dict[str, Any], gpu_count: int | None) -> None:
     launcher = cfg["launcher"]
-    _require_positive_int(launcher, "launcher", "nproc_per_node")
-    _require_positive_int(launcher, "launcher", "nnodes")
-    if not launcher.get("timeout_s") or launcher["timeout_s"] <= 0:
-        raise ConfigError("launcher.timeout_s", f"must be > 0, got {launcher.get('timeout_s')!r}")
     if gpu_count and launcher["nproc_per_node"] > gpu_count:
         raise ConfigError("launcher.nproc_per_node",
                           f"{launcher['nproc_per_node']} ranks per node but this node has {gpu_count} GPUs")
@@ -63,34 +107,36 @@ def bad_debug_step(debug: dict[str, Any], steps: int) -> str | None:
 
 
 def check_env(cfg: dict[str, Any]) -> None:
-    cap = cfg["env"]["reserved_cap_gb"]
-    if cap is not None and not (is_finite_number(cap) and cap > 0):
-        raise ConfigError("env.reserved_cap_gb", f"must be null or a finite number > 0, got {cap!r}")
+    check_keys(cfg, ENV_KEYS)
     emulated_device.check(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
 
 
-def check_misc(cfg: dict[str, Any]) -> None:
+def check_debug(cfg: dict[str, Any]) -> None:
     debug = cfg["debug"]
-    if debug["fault"] not in FAULTS:
-        raise ConfigError("debug.fault", f"must be one of {FAULTS}, got {debug['fault']!r}")
     bad_step = bad_debug_step(debug, cfg["train"]["steps"])
     if bad_step is not None:
         raise ConfigError(f"debug.{bad_step}",
                           f"must be null or a step in [0, train.steps={cfg['train']['steps']}), got {debug[bad_step]!r}")
-    if cfg["logger"]["name"] not in LOGGERS:
-        raise ConfigError("logger.name", f"must be one of {LOGGERS}, got {cfg['logger']['name']!r}")
+
+
+def check_values(cfg: dict[str, Any]) -> None:
+    """Each value alone: type, finiteness, range, allowed options."""
+    arms.arm_spec(cfg["arm"]["name"])
+    check_keys(cfg, REQUIRED_KEYS)
+    check_keys(cfg, KEYS_WHEN_PRESENT, required=False)
+    check_keys(cfg, MODEL_KEYS)
+    check_keys(cfg, MODEL_KEYS_WHEN_PRESENT, required=False)
+    offload.check_knobs(cfg["offload"])
+    check_env(cfg)
 
 
 def validate(cfg: dict[str, Any], gpu_count: int | None) -> None:
     """All checks; `gpu_count` is the node's GPU count (None or 0 on a CPU machine)."""
-    arms.arm_spec(cfg["arm"]["name"])
-    check_model(cfg)
+    check_values(cfg)
+    check_model_shape(cfg["model"]["config"])
     check_train(cfg)
-    off = cfg["offload"]
-    check_budget_keys(off["budget_gb"], off["budget_fraction"], off["margin"])
     check_launcher(cfg, gpu_count)
-    check_env(cfg)
-    check_misc(cfg)
+    check_debug(cfg)
     arms.check_arm_config(cfg)
 
 

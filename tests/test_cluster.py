@@ -158,12 +158,13 @@ def test_a_requeued_point_sets_its_earlier_attempt_aside(tmp_path):
     for name in ("steps.jsonl", "summary.json", "worker.log", "error.rank3.json", "config.yaml"):
         (tmp_path / name).write_text(name)
     (tmp_path / "wandb").mkdir()
+    (tmp_path / ".hydra").mkdir()
     first = cluster.set_aside_previous_attempt(tmp_path)
     assert first == tmp_path / "attempts" / "0"
-    assert sorted(p.name for p in first.iterdir()) == ["error.rank3.json", "steps.jsonl", "summary.json",
-                                                        "wandb", "worker.log"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts", "config.yaml"]
-    (tmp_path / "steps.jsonl").write_text("again")
+    assert sorted(p.name for p in first.iterdir()) == [".hydra", "config.yaml", "error.rank3.json", "steps.jsonl",
+                                                        "summary.json", "wandb", "worker.log"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts"]  # the attempt is kept whole
+    (tmp_path / "config.yaml").write_text("a config error leaves only its config and summary")
     assert cluster.set_aside_previous_attempt(tmp_path) == tmp_path / "attempts" / "1"
 
 
@@ -296,9 +297,12 @@ def test_submitit_local_sweep_writes_the_same_files_and_index_as_the_basic_launc
 
 
 def test_c10d_two_rank_point_records_rank_metrics_and_a_killed_rank_dies_fast(tmp_path):
+    # A rank killed at step 1 must end the point as died at once: had its peer waited for the 2-minute
+    # process-group timeout instead, the 60 s stall timeout (counted from step 0, so start-up on a slow machine
+    # does not count) would have ended it first, as timeout.
     proc = harness_run(tmp_path, "launcher=submitit_local", "launcher.rdzv_backend=c10d", "launcher.nproc_per_node=2",
-                       "launcher.dist_timeout_min=2", "launcher.timeout_s=300", "debug.fault=slow,kill",
-                       "debug.fault_rank=1", "debug.fault_step=1", "debug.fault_sleep_s=1.0", multirun=True)
+                       "launcher.dist_timeout_min=2", "launcher.stall_timeout_s=60", "debug.fault=slow,kill",
+                       "debug.fault_rank=1", "debug.fault_step=1", "debug.fault_sleep_s=5.0", multirun=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ok, killed = read_jsonl(tmp_path / "sweep" / "index.jsonl")
     assert (ok["status"], killed["status"]) == ("ok", "died")  # the sweep goes on past the dead rank
@@ -311,11 +315,12 @@ def test_c10d_two_rank_point_records_rank_metrics_and_a_killed_rank_dies_fast(tm
     rows = read_jsonl(sweep / ok["run_dir"] / "steps.jsonl")
     assert len(rows) == 3 and all(r["tokens"] == 2 * 2 * 32 for r in rows)  # both ranks' tokens in every step
     assert all(r["tokens_per_s"] == pytest.approx(r["tokens"] / r["step_time_s"]) for r in rows)
-    # Only rank 1 slept 1 s inside step 1: rank 0's own time is far shorter, so this is the max over ranks.
-    assert rows[1]["step_time_s"] >= 1.0 > max(rows[0]["step_time_s"], rows[2]["step_time_s"])
+    # Only rank 1 slept 5 s inside step 1 (after the step's collectives, so rank 0 did not wait for it): this is
+    # the max over ranks. The sleep is long against a tiny step, so the other steps stay under it on a loaded
+    # machine too.
+    assert rows[1]["step_time_s"] >= 5.0 > max(rows[0]["step_time_s"], rows[2]["step_time_s"])
     died = json.loads((sweep / killed["run_dir"] / "summary.json").read_text())
     assert died["steps_completed"] == 1 == len(read_jsonl(sweep / killed["run_dir"] / "steps.jsonl"))
-    assert died["wall_time_s"] < 120  # inside the configured 2-minute process-group timeout
     assert died["reason"].startswith("rank ")
 
 
@@ -348,8 +353,7 @@ def test_slurm_time_limit_warning_records_timeout_with_the_steps_done(tmp_path):
                               cwd=tmp_path, env=driver_env(**slurm), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     steps = tmp_path / "run" / "steps.jsonl"
-    deadline = time.monotonic() + 300
-    while len(read_jsonl(steps)) < 2 and time.monotonic() < deadline and driver.poll() is None:
+    while len(read_jsonl(steps)) < 2 and driver.poll() is None:  # however long start-up takes
         time.sleep(0.5)
     driver.send_signal(signal.SIGUSR2)  # what SLURM sends signal_delay_s before the time limit
     output = driver.communicate(timeout=120)[0]

@@ -1,13 +1,19 @@
 """End-to-end CPU runs through the real driver -> torchrun -> worker path (tiny model, ZeRO-3, gloo)."""
 import json
 import os
+import signal
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
+from analysis.load import is_design_column, load_sweep
+from analysis.tables import failed_statuses
 from harness.metrics import quartiles
 from harness.sinks import flat_summary, mirror_to_wandb, read_jsonl
 
@@ -15,12 +21,18 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FAST = ["model=tiny", "train.steps=4", "train.seq_len=32"]
 
 
-def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, timeout: int = 600):
-    """Run the driver as a user would; run/sweep dirs go under tmp_path."""
+DRIVER_ENV = {**os.environ, "WANDB_SILENT": "true"}
+
+
+def harness_cmd(tmp_path: Path, *overrides: str, multirun: bool = False) -> list[str]:
+    """The driver's command line as a user would type it; run/sweep dirs go under tmp_path."""
     dirs = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
-    cmd = [sys.executable, "-m", "harness.run", *(["-m"] if multirun else []), *FAST, *dirs, *overrides]
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env)
+    return [sys.executable, "-m", "harness.run", *(["-m"] if multirun else []), *FAST, *dirs, *overrides]
+
+
+def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, timeout: int = 600):
+    return subprocess.run(harness_cmd(tmp_path, *overrides, multirun=multirun), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout, env=DRIVER_ENV)
 
 
 def load(run_dir: Path):
@@ -48,6 +60,10 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path):
     assert env["world_size"] == 1 and env["pytorch_cuda_alloc_conf"] == "expandable_segments:True"
     assert "git_sha" in env and env["torch"]
     assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb")), "the driver's offline W&B run file"
+    (tmp_path / "plain").write_text("")  # the mode any file opened for writing gets here (0644 under umask 022)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir() if p.is_file()}
+    assert {"summary.json", "env.json", "worker.json", "steps.jsonl"} <= set(modes)
+    assert set(modes.values()) == {stat.S_IMODE((tmp_path / "plain").stat().st_mode)}, modes
     # The W&B mirror, re-run in-process on the same files, is given the same final medians.
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     (tmp_path / "again").mkdir()
@@ -69,15 +85,126 @@ def test_multirun_records_a_killed_point_and_goes_on(tmp_path):
     assert "SIGKILL" in died["reason"] or "-9" in died["reason"]
 
 
+# one bad value of each kind, each beside a good one: the sweep crosses them, so one point has none
+BAD_OR_GOOD = {"launcher.timeout_s": ("abc", "600"),                # type
+               "offload.budget_gb": ("nan", "null"),                # finiteness
+               "train.lr": ("-1", "0.001"),                         # range
+               "model.config.num_attention_heads": ("7", "4"),      # shape (kv heads 2 do not split 7)
+               "train.seed": ("${oc.env:HARNESS_TEST_UNSET}", "7")}  # fails in the driver (resolving it)
+
+
+def test_a_sweep_of_bad_values_records_every_point_and_writes_its_index(tmp_path):
+    sweep = [f"{key}={bad},{good}" for key, (bad, good) in BAD_OR_GOOD.items()]
+    proc = harness_run(tmp_path, "logger=none", *sweep, multirun=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    index = read_jsonl(tmp_path / "sweep" / "index.jsonl")
+    assert len(index) == 2 ** len(BAD_OR_GOOD) == len(list((tmp_path / "sweep").glob("*/summary.json")))
+    for line in index:
+        bad = [key for key, (_, good) in BAD_OR_GOOD.items() if f"{key}={good}" not in line["overrides"]]
+        if not bad:
+            assert line["status"] == "ok"
+        elif "train.seed" in bad:  # resolving the config fails before any check
+            assert line["status"] == "error" and "HARNESS_TEST_UNSET" in line["reason"]
+        else:
+            assert line["status"] == "config_error" and line["reason"].split(":")[0] in bad + [
+                "model.config.num_key_value_heads"]
+        if len(bad) == 1 and bad != ["train.seed"]:
+            named = line["reason"].split(":")[0]
+            assert named == bad[0] or (bad[0], named) == ("model.config.num_attention_heads",
+                                                         "model.config.num_key_value_heads")
+    assert "Traceback" in proc.stderr  # the driver's own failure is shown, not hidden
+
+
 def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
+    # The hang is caught by the stall timeout, whose clock starts at the first step: however slow start-up is
+    # on a loaded machine, both steps before the fault are written first (the whole-point timeout_s would
+    # have to guess how long start-up takes).
     proc = harness_run(tmp_path, "logger=none", "debug.fault=oom,hang", "debug.fault_step=2",
-                       "launcher.timeout_s=45", multirun=True)
+                       "launcher.stall_timeout_s=20", multirun=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     index = read_jsonl(tmp_path / "sweep" / "index.jsonl")
     assert [line["status"] for line in index] == ["oom", "timeout"]
+    assert index[1]["reason"].startswith("no new step for ") and index[1]["reason"].endswith(
+        " s after step 1 (2 of 4 steps)")
     for line in index:
         rows, summary = load(tmp_path / "sweep" / line["run_dir"])
         assert summary["steps_completed"] == 2 == len(rows)  # the steps before the failure are kept
+    assert not is_design_column("launcher.stall_timeout_s")  # the analysis does not tell points apart by it
+
+
+def wait_for_steps(driver: subprocess.Popen, folder: Path, pattern: str, count: int) -> Path:
+    """The steps.jsonl (folder/pattern) that the running driver's point fills, once it holds `count` steps."""
+    while driver.poll() is None:
+        for path in folder.glob(pattern):
+            if len(read_jsonl(path)) >= count:
+                return path
+        time.sleep(0.5)
+    raise AssertionError(f"the driver ended with code {driver.returncode} first")
+
+
+def all_gone(processes: list[psutil.Process], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("hung", [False, True], ids=["training", "hung"])
+def test_ctrl_c_stops_every_rank_records_the_point_interrupted_and_ends_the_sweep(tmp_path, hung):
+    fault = ["debug.fault=hang", "debug.fault_step=2"] if hung else []
+    cmd = harness_cmd(tmp_path, "logger=none", "train.steps=100000", *fault, "train.repeat=0,1", multirun=True)
+    with open(tmp_path / "driver.out", "w") as out:  # a file, not a pipe nobody reads while the point runs
+        driver = subprocess.Popen(cmd, cwd=tmp_path, env=DRIVER_ENV, stdout=out, stderr=subprocess.STDOUT)
+    steps = wait_for_steps(driver, tmp_path, "sweep/0_*/steps.jsonl", 2)
+    ranks = psutil.Process(driver.pid).children(recursive=True)  # torchrun and the rank
+    assert len(ranks) >= 2
+    driver.send_signal(signal.SIGINT)  # what Ctrl-C sends it
+    assert all_gone(ranks, within_s=10)
+    driver.wait(timeout=300)
+    output = (tmp_path / "driver.out").read_text()
+    assert driver.returncode == 130, output[-3000:]
+    assert "interrupted: the point's run files are in " in output
+    index = read_jsonl(tmp_path / "sweep" / "index.jsonl")
+    assert [line["status"] for line in index] == ["interrupted"]  # the sweep stopped: point 1 never ran
+    sweep = load_sweep(tmp_path / "sweep")  # the analysis reads the status, the report prints it
+    assert list(sweep.points["status"]) == ["interrupted"] and not sweep.problems
+    assert failed_statuses(sweep.points["status"]) == "INTERRUPTED"
+    rows, summary = load(steps.parent)
+    assert summary["status"] == "interrupted" and summary["reason"].startswith("SIGINT after ")
+    assert summary["steps_completed"] == len(rows) >= 2  # the steps done are kept
+    if hung:
+        assert len(rows) == 2
+
+
+# 30 overrides at values that run quickly (with FAST's three); Hydra names a point's folder from all of them
+LONG_POINT = [
+    "model.config.hidden_size=64", "model.config.intermediate_size=128", "model.config.num_hidden_layers=2",
+    "model.config.num_attention_heads=4", "model.config.num_key_value_heads=2", "model.config.head_dim=16",
+    "model.config.vocab_size=512", "model.config.max_position_embeddings=1024", "model.config.tie_word_embeddings=false",
+    "train.micro_batch=1", "train.grad_accum=1", "train.dtype=bf16", "train.seed=7", "train.repeat=0",
+    "train.sub_group_size=null", "train.reduce_bucket_size=null", "train.torch_adam=null",
+    "offload.budget_gb=0.000001", "offload.margin=0.25", "offload.mode=async", "offload.empty_cache=never",
+    "offload.streams=single", "offload.reload=at_end", "offload.release=recorded", "offload.peak_cap_gb=null",
+    "debug.fault_sleep_s=0.5", "debug.fault_rank=0",
+]
+
+
+def test_a_sweep_point_with_30_overrides_gets_a_folder_name_that_fits(tmp_path):
+    # the two points differ in train.lr only; the second is refused, so only the first launches
+    proc = harness_run(tmp_path, "logger=none", *LONG_POINT, "train.lr=0.001,-1", multirun=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    index = read_jsonl(tmp_path / "sweep" / "index.jsonl")
+    assert [line["status"] for line in index] == ["ok", "config_error"]
+    assert index[0]["run_dir"] != index[1]["run_dir"]
+    for line, lr in zip(index, (0.001, -1)):
+        assert len(line["run_dir"].encode()) < 255 and line["run_dir"].split("_", 1)[0].isdigit()
+        keys = {override.split("=")[0] for override in line["overrides"]}  # the sweep respells values (1e-06)
+        assert {override.split("=")[0] for override in LONG_POINT + FAST} <= keys and len(keys) >= 30
+        config = yaml.safe_load((tmp_path / "sweep" / line["run_dir"] / "config.yaml").read_text())
+        assert config["train"]["lr"] == lr and config["offload"]["margin"] == 0.25
 
 
 def test_two_rank_gloo_run(tmp_path):
@@ -174,3 +301,19 @@ def test_bad_input_exits_nonzero_with_one_line_and_records_nothing_ok(tmp_path, 
     if summary_path.exists():
         assert json.loads(summary_path.read_text())["status"] == "config_error"
     assert not (tmp_path / "run" / "steps.jsonl").exists()
+
+
+def test_a_rerun_into_the_same_folder_keeps_the_earlier_attempt_whole(tmp_path):
+    first = harness_run(tmp_path, "logger=none", "train.steps=0")
+    second = harness_run(tmp_path, "logger=none", "train.micro_batch=0")
+    assert first.returncode == second.returncode == 2
+    lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "train.micro_batch" in lines[0]  # still the one config error line on stderr
+    run_dir, attempt = tmp_path / "run", tmp_path / "run" / "attempts" / "0"
+    assert f"{run_dir} held an earlier attempt: its files are now in {attempt}" in second.stdout
+    assert "train.steps=0" in (attempt / ".hydra" / "overrides.yaml").read_text()
+    assert yaml.safe_load((attempt / "config.yaml").read_text())["train"]["steps"] == 0
+    assert json.loads((attempt / "summary.json").read_text())["reason"].startswith("train.steps: ")
+    assert "train.micro_batch=0" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["micro_batch"] == 0
+    assert json.loads((run_dir / "summary.json").read_text())["reason"].startswith("train.micro_batch: ")

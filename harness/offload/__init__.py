@@ -7,10 +7,11 @@ planned_offload_bytes()                             bytes the last plan moves of
 """
 from __future__ import annotations
 
-from harness.budget import GB, check_budget_keys, is_finite_number
+from harness.budget import BUDGET_FRACTION, BUDGET_GB, GB, MARGIN, check_budget_keys
+from harness.checks import Choice, Number, check_keys
 from harness.errors import ConfigError
 
-__all__ = ["check_config", "install", "counters", "planned_offload_bytes"]
+__all__ = ["check_config", "check_knobs", "install", "counters", "planned_offload_bytes"]
 
 KNOBS = {
     "mode": ("async", "blocking"),
@@ -20,7 +21,11 @@ KNOBS = {
     "release": ("recorded", "ordered"),
     "evict_from": ("start", "planning_step"),
 }
-BUDGET_KEYS = ("budget_gb", "budget_fraction", "margin", "peak_cap_gb")
+KNOB_CHECKS = {
+    **{f"offload.{key}": Choice(allowed) for key, allowed in KNOBS.items()},
+    "offload.budget_gb": BUDGET_GB, "offload.budget_fraction": BUDGET_FRACTION, "offload.margin": MARGIN,
+    "offload.peak_cap_gb": Number(low=0, nullable=True),
+}
 _ON_HOST = ("cpu", "nvme")
 _installed = None  # the OffloadPass of the engine install() set up in this process
 
@@ -47,7 +52,7 @@ def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
       traffic grows with the accumulation count and no plan would describe it; making it efficient needs the
       ops to know the accumulation boundary, which this version does not do.
     """
-    _check_knobs(offload_cfg)
+    check_knobs(offload_cfg)
     zero = ds_config.get("zero_optimization") or {}
     if zero.get("stage") != 3:
         raise ConfigError("zero_optimization.stage", f"the offload arm needs ZeRO stage 3, got {zero.get('stage')}")
@@ -70,19 +75,13 @@ def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
             raise ConfigError(key, f"the offload arm supports gradient accumulation 1 only, got {value}")
 
 
-def _check_knobs(offload_cfg: dict) -> None:
-    for key in (*KNOBS, *BUDGET_KEYS):
-        if key not in offload_cfg:
-            raise ConfigError(f"offload.{key}", "missing")
-    for key, allowed in KNOBS.items():
-        if offload_cfg[key] not in allowed:
-            raise ConfigError(f"offload.{key}", f"must be one of {', '.join(allowed)}, got {offload_cfg[key]!r}")
+def check_knobs(offload_cfg: dict) -> None:
+    """The offload group's own keys (its knobs and the budget); validate checks them for every arm, so a sweep
+    over arms with a typo in them refuses every point, not only the offload arm's."""
+    check_keys({"offload": offload_cfg}, KNOB_CHECKS)
     check_budget_keys(offload_cfg["budget_gb"], offload_cfg["budget_fraction"], offload_cfg["margin"])
     if offload_cfg["release"] == "ordered" and offload_cfg["mode"] == "blocking":
         raise ConfigError("offload.release", "ordered release needs mode=async (blocking copies all out and waits)")
-    cap = offload_cfg["peak_cap_gb"]
-    if cap is not None and not (is_finite_number(cap) and cap >= 0):
-        raise ConfigError("offload.peak_cap_gb", f"must be null or a finite number >= 0, got {cap!r}")
 
 
 def peak_cap_bytes(offload_cfg: dict) -> int | None:
@@ -115,7 +114,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
     from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
     from harness.offload.states import SubGroupGate, discover_tasks
 
-    _check_knobs(offload_cfg)
+    check_knobs(offload_cfg)
     if not isinstance(budget_bytes, int) or budget_bytes < 0:
         raise ConfigError("offload.budget_gb", f"the budget must resolve to bytes >= 0, got {budget_bytes!r}")
     optimizer = engine.optimizer

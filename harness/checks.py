@@ -1,0 +1,100 @@
+"""Checks of one config value by kind (a number in a range, a choice), each refusing with one ConfigError
+that names the key. validate.py applies them through tables of keys; budget.py and the offload pass reuse them."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from harness.errors import ConfigError
+
+MISSING = object()  # a key the config does not have, as opposed to one set to null
+
+
+def is_finite_number(value) -> bool:
+    """An int or float that is not a bool, NaN or infinite (a GB amount from a YAML file or a command line)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _yaml(value: Any) -> str:
+    """A value as the command line spells it (null, true)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A finite int or float (never a bool, NaN or inf) within [low, high], an end left out where `*_open`.
+    `integer`: an int; `whole`: an int or a float without fraction (element counts such as 5e7);
+    `nullable`: null is allowed (and means a default)."""
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    whole: bool = False
+    nullable: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.nullable:
+            return
+        if not self.accepts(value):
+            raise ConfigError(key, f"must be {self.describe()}, got {value!r}")
+
+    def accepts(self, value: Any) -> bool:
+        if not is_finite_number(value) or (self.integer and not isinstance(value, int)):
+            return False
+        if self.whole and not float(value).is_integer():
+            return False
+        above_low = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below_high = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above_low and below_high
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a whole number" if self.whole else "a finite number"
+        if self.low is not None and self.high is not None:
+            kind += f" in {'(' if self.low_open else '['}{_yaml(self.low)}, {_yaml(self.high)}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            kind += f" {'>' if self.low_open else '>='} {_yaml(self.low)}"
+        elif self.high is not None:
+            kind += f" {'<' if self.high_open else '<='} {_yaml(self.high)}"
+        return f"null or {kind}" if self.nullable else kind
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a few values, compared with their type (so 1 is not true and '1' is not 1)."""
+    options: tuple
+
+    def check(self, key: str, value: Any) -> None:
+        if not any(type(value) is type(option) and value == option for option in self.options):
+            raise ConfigError(key, f"must be one of {', '.join(map(_yaml, self.options))}, got {value!r}")
+
+
+POSITIVE_INT = Number(low=1, integer=True)
+POSITIVE = Number(low=0, low_open=True)
+NULL_OR_POSITIVE = Number(low=0, low_open=True, nullable=True)
+BOOL = Choice((True, False))
+
+
+def lookup(cfg: Mapping[str, Any], dotted: str, default: Any = MISSING) -> Any:
+    """cfg['a']['b'] for 'a.b'; `default` where a section or the key is absent."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def check_keys(cfg: Mapping[str, Any], table: Mapping[str, Number | Choice], required: bool = True) -> None:
+    """Check every key of the table; an absent key is refused as missing, or skipped where not `required`
+    (a key that only some options of a group have, such as arm.schedule)."""
+    for key, kind in table.items():
+        value = lookup(cfg, key)
+        if value is MISSING:
+            if required:
+                raise ConfigError(key, "missing")
+            continue
+        kind.check(key, value)

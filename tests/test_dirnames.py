@@ -1,0 +1,29 @@
+"""Point folder names stay under the filesystem's 255-byte name limit whatever the overrides."""
+from harness.dirnames import MAX_BYTES, bounded_dirname
+from harness.sinks import job_order
+
+
+def overrides(n: int, value: str = "x") -> str:
+    return ",".join(f"model.config.key_number_{i}={value}" for i in range(n))
+
+
+def test_a_short_list_is_the_folder_name_as_it_is():
+    assert bounded_dirname("arm=zero3,train.micro_batch=2") == "arm=zero3,train.micro_batch=2"
+    assert bounded_dirname("") == ""
+
+
+def test_a_long_list_is_cut_to_whole_overrides_plus_a_hash_of_all_of_it():
+    long = overrides(30)
+    name = bounded_dirname(long)
+    head, digest = name.rsplit("~", 1)
+    assert len(name.encode()) <= MAX_BYTES and len(f"123456_{name}".encode()) < 255
+    assert long.startswith(head + ",") and len(digest) == 10
+    assert bounded_dirname(overrides(30, "y")) != name  # same start, other list: another folder
+    assert bounded_dirname(long) == name  # the same list always gets the same folder
+    assert job_order(f"12_{name}")[0] == 12  # the job number prefix still orders the sweep
+
+
+def test_multibyte_values_are_never_cut_in_half():
+    name = bounded_dirname("train.note=" + "é" * 300)
+    assert len(name.encode()) <= MAX_BYTES
+    name.encode().decode()  # valid UTF-8
