@@ -1,7 +1,7 @@
 """Resolve the offload memory budget to bytes, once, so every offload arm plans against one number."""
 from __future__ import annotations
 
-from harness.checks import Number, is_finite_number  # noqa: F401 (is_finite_number: callers import it from here)
+from harness.checks import Number
 from harness.errors import ConfigError
 
 GB = 1e9  # budgets are in decimal gigabytes, as in DeepSpeed's DS_DC_OFFLOAD_OPT_BUDGET_GB

@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from harness.budget import GB, is_finite_number
+from harness.budget import GB
+from harness.checks import is_finite_number
 from harness.errors import ConfigError
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
