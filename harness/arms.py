@@ -112,7 +112,8 @@ def compile_schedule(cfg: Mapping[str, Any], engine, budget_bytes: int | None, r
         return [(0, [gather_release]),
                 (1, [ds_pass.offload_adam_states_for_init, gather_release, ds_pass.move_opt_states])]
     from harness import offload
-    return offload.install(engine, dict(cfg["offload"]), budget_bytes, run_dir)
+    return offload.install(engine, dict(cfg["offload"]), budget_bytes, run_dir,
+                           copy_delay_us=cfg["debug"].get("copy_delay_us", 0))
 
 
 def phase_starts(cfg: Mapping[str, Any], schedule: list | None) -> list[int]:
@@ -136,6 +137,14 @@ def _ds_offload_counters() -> dict:
     from deepspeed.compile.passes import offload_adam_states as ds_pass
     stats = ds_pass.get_offload_op_stats()
     return {"offload_launches": stats.get("launches", 0), "reloads": stats.get("reloads", 0)}
+
+
+def predicted_peak_bytes(name: str) -> int | None:
+    """The peak allocated bytes of a step that the arm's last plan predicts (None for arms without a prediction)."""
+    if name == "offload":
+        from harness import offload
+        return offload.predicted_peak_bytes()
+    return None
 
 
 def planned_offload_bytes(name: str) -> int | None:

@@ -6,10 +6,17 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from harness.offload.stalls import TIMES as OFFLOAD_TIMES
+
+# An offload arm's step-record fields: counts and device seconds (per-step deltas of cumulative counters), and
+# our pass's memory readings of the step (forward start, forward + backward peak; allocated bytes).
+OFFLOAD_COUNTS = ("offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls")
+OFFLOAD_COUNTERS = OFFLOAD_COUNTS + OFFLOAD_TIMES
+OFFLOAD_GAUGES = ("fwd_start_allocated_bytes", "fwd_bwd_peak_allocated_bytes")
 # Step-record fields that are aggregated across ranks, and how.
-RANK_MAX_FIELDS = ("step_time_s", "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms")
-RANK_MIN_FIELDS = ("offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls")
-OFFLOAD_COUNTERS = RANK_MIN_FIELDS
+RANK_MAX_FIELDS = ("step_time_s", "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms",
+                   *OFFLOAD_TIMES, *OFFLOAD_GAUGES)
+RANK_MIN_FIELDS = OFFLOAD_COUNTS
 
 
 def phase_of(step: int, phase_starts: Sequence[int]) -> tuple[int, int]:
@@ -55,6 +62,8 @@ def phase_stats(phase: int, rows: list[dict]) -> dict[str, Any]:
         "ooms": {"sum": sums["ooms"]},
         "offload_bytes": {"median": quartiles(_present(measured, "offload_bytes"))["median"]},
         "reload_bytes": {"median": quartiles(_present(measured, "reload_bytes"))["median"]},
+        **{k: {"median": quartiles(_present(measured, k))["median"]} for k in OFFLOAD_TIMES},
+        "fwd_bwd_peak_allocated_bytes": {"max": max(_present(rows, "fwd_bwd_peak_allocated_bytes"), default=None)},
     }
 
 
@@ -126,7 +135,7 @@ def aggregate_over_ranks(record: dict[str, Any], device: torch.device) -> dict[s
         values = torch.tensor([float(record[k]) for k in present], dtype=torch.float64, device=device)
         dist.all_reduce(values, op=op)
         for k, v in zip(present, values.tolist()):
-            out[k] = v if k == "step_time_s" else int(v)
+            out[k] = v if isinstance(record[k], float) else int(v)
     loss = torch.tensor([record["loss"]], dtype=torch.float64, device=device)
     dist.all_reduce(loss, op=dist.ReduceOp.SUM)
     out["loss"] = loss.item() / dist.get_world_size()

@@ -51,6 +51,7 @@ def build_summary(config: dict, status: str, reason: str | None, rows: list[dict
         "steps_completed": len(rows), "wall_time_s": wall_time_s,
         "budget_bytes": worker_facts.get("budget_bytes"),
         "planned_offload_bytes": worker_facts.get("planned_offload_bytes"),
+        "predicted_peak_bytes": worker_facts.get("predicted_peak_bytes"),
         "device_memory_bytes": _emulated_size_bytes(config["env"]), "oom": oom,
         "phases": phases, "final": phases[-1] if phases else None,
     }

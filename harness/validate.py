@@ -35,6 +35,7 @@ REQUIRED_KEYS = {
     "debug.fault_step": Number(low=0, integer=True), "debug.fault_rank": Number(low=0, integer=True),
     "debug.fault_sleep_s": Number(low=0),
     "debug.profile_step": NULL_OR_STEP, "debug.memory_trace_step": NULL_OR_STEP,
+    "debug.copy_delay_us": Number(low=0, high=1_000_000, integer=True),
     "logger.name": Choice(LOGGERS),
 }
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from harness import arms, emulated_device, models
 from harness.budget import GB, resolve_budget_bytes
 from harness.diagnostics import StepDiagnostics
-from harness.metrics import OFFLOAD_COUNTERS, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
+from harness.metrics import OFFLOAD_COUNTERS, OFFLOAD_GAUGES, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
 from harness.sinks import StepWriter, write_json_atomic
 
 OOM_EXIT_CODE = 3
@@ -136,13 +136,14 @@ class OffloadCounters:
         self._read = arms.offload_counter_reader(arm_name)
         self._last = self._read() if self._read else {}
 
-    def step_deltas(self) -> dict[str, int | None]:
+    def step_deltas(self) -> dict[str, int | float | None]:
+        """Counters as this step's deltas; memory readings as they are (None where the arm has none)."""
         if self._read is None:
-            return {k: None for k in OFFLOAD_COUNTERS}
+            return {k: None for k in OFFLOAD_COUNTERS + OFFLOAD_GAUGES}
         now = self._read()
         deltas = {k: (now[k] - self._last.get(k, 0)) if k in now else None for k in OFFLOAD_COUNTERS}
         self._last = now
-        return deltas
+        return {**deltas, **{k: now.get(k) for k in OFFLOAD_GAUGES}}
 
 
 def run(cfg: dict, run_dir: Path, position: Position) -> None:
@@ -180,7 +181,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
              "device_memory_bytes": monitor.emulated_bytes,
              "accelerator_total_bytes_per_rank": gather_from_ranks(accelerator_total_bytes()),
              "phase_starts": starts, "n_params": n_params,
-             "flops_per_token": flops_per_token, "planned_offload_bytes": None,
+             "flops_per_token": flops_per_token, "planned_offload_bytes": None, "predicted_peak_bytes": None,
              "used_outside_torch_bytes_at_start": outside}
     writer = StepWriter(run_dir) if rank == 0 else None
     if rank == 0:
@@ -226,7 +227,8 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
 
     if rank == 0:
         write_json_atomic(run_dir / WORKER_FILE,
-                          {**facts, "planned_offload_bytes": arms.planned_offload_bytes(cfg["arm"]["name"])})
+                          {**facts, "planned_offload_bytes": arms.planned_offload_bytes(cfg["arm"]["name"]),
+                           "predicted_peak_bytes": arms.predicted_peak_bytes(cfg["arm"]["name"])})
         writer.close()
     dist.barrier()
     print(f"worker: rank {rank} finished {train['steps']} steps", flush=True)

@@ -8,26 +8,47 @@ from types import SimpleNamespace
 import torch
 
 
+class FakeClock:
+    """Device time in ms: a wait of the compute stream on an event costs `wait_ms`; a device sleep its length."""
+
+    def __init__(self):
+        self.now_ms = 0.0
+        self.wait_ms = 0.0
+
+
 class FakeStream:
-    def __init__(self, name: str, log: list):
-        self.name, self.log = name, log
+    def __init__(self, name: str, log: list, clock: FakeClock | None = None):
+        self.name, self.log, self.clock = name, log, clock or FakeClock()
 
     def wait_stream(self, other: "FakeStream") -> None:
         self.log.append(("wait_stream", self.name, other.name))
 
     def wait_event(self, event: "FakeEvent") -> None:
         self.log.append(("wait_event", self.name, event.name))
+        if self.name == "compute":
+            self.clock.now_ms += self.clock.wait_ms
 
     def synchronize(self) -> None:
         self.log.append(("synchronize", self.name))
 
 
 class FakeEvent:
-    def __init__(self, name: str, log: list):
-        self.name, self.log = name, log
+    def __init__(self, name: str, log: list, timing: bool = False):
+        self.name, self.log, self.timing = name, log, timing
+        self.time_ms: float | None = None
 
     def record(self, stream: FakeStream) -> None:
-        self.log.append(("record", self.name, stream.name))
+        if self.timing:  # timing events are the recorder's: kept out of the log the stream-order tests read
+            self.time_ms = stream.clock.now_ms
+        else:
+            self.log.append(("record", self.name, stream.name))
+
+    def synchronize(self) -> None:
+        assert self.time_ms is not None, "synchronize on an event never recorded"
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        assert self.timing and end.timing, "elapsed_time needs timing events"
+        return end.time_ms - self.time_ms
 
 
 class FakeDevice:
@@ -35,21 +56,25 @@ class FakeDevice:
 
     def __init__(self):
         self.log: list = []
-        self.compute = FakeStream("compute", self.log)
+        self.clock = FakeClock()
+        self.compute = FakeStream("compute", self.log, self.clock)
         self._streams = 0
         self._events = 0
         self.pinned_allocations = 0
         self.empty_cache_calls = 0
         self.active_stream = self.compute
+        self.allocated = self.peak_allocated = 0  # what the allocator reports, set by a test
 
     def current_stream(self) -> FakeStream:
         return self.active_stream
 
     def new_stream(self) -> FakeStream:
         self._streams += 1
-        return FakeStream(f"copy{self._streams}", self.log)
+        return FakeStream(f"copy{self._streams}", self.log, self.clock)
 
-    def new_event(self) -> FakeEvent:
+    def new_event(self, timing: bool = False) -> FakeEvent:
+        if timing:
+            return FakeEvent("timing", self.log, timing=True)
         self._events += 1
         return FakeEvent(f"event{self._events}", self.log)
 
@@ -74,6 +99,16 @@ class FakeDevice:
 
     def empty_cache(self) -> None:
         self.empty_cache_calls += 1
+
+    def allocated_bytes(self) -> int:
+        return self.allocated
+
+    def peak_allocated_bytes(self) -> int:
+        return self.peak_allocated
+
+    def sleep_us(self, microseconds: int) -> None:
+        self.log.append(("sleep_us", self.active_stream.name, microseconds))
+        self.clock.now_ms += microseconds / 1e3
 
 
 class FakeZero3Optimizer:

@@ -2,6 +2,7 @@
 
     pytest -m gpu tests/test_offload_gpu.py -k partial      # baseline + ours at a partial budget + ds_offload
     pytest -m gpu tests/test_offload_gpu.py -k "forced or warm or blocking"
+    pytest -m gpu tests/test_offload_gpu.py -k race                # copy delays on wide_2l (~1.5 min per run)
 
 Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
 separate invocations share the deepcompile baseline. Run the points one at a time, never side by side on one GPU:
@@ -39,7 +40,8 @@ def runs_dir(tmp_path_factory) -> Path:
     return path
 
 
-def run_point(runs_dir: Path, name: str, overrides: list[str], cache_of: str | None = None) -> Path:
+def run_point(runs_dir: Path, name: str, overrides: list[str], cache_of: str | None = None,
+              base: list[str] = PROBE) -> Path:
     """One harness run (or the earlier one of this name, if it finished ok); fails with the worker's log tail."""
     run_dir = runs_dir / name
     summary_path = run_dir / "summary.json"
@@ -47,7 +49,7 @@ def run_point(runs_dir: Path, name: str, overrides: list[str], cache_of: str | N
         return run_dir
     env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT),
            "TORCHINDUCTOR_CACHE_DIR": str(runs_dir / f"{cache_of or name}.inductor_cache")}
-    command = [sys.executable, "-m", "harness.run", *PROBE, *overrides, f"hydra.run.dir={run_dir}"]
+    command = [sys.executable, "-m", "harness.run", *base, *overrides, f"hydra.run.dir={run_dir}"]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if summary.get("status") != "ok":
@@ -166,3 +168,34 @@ def test_ordered_release_matches_deepcompile_losses(runs_dir, baseline):
     for row in steady_rows(run_dir):
         assert row["offload_launches"] == len(plan["offloaded"]) and row["reloads"] == copied_back > 0, row
     assert_same_losses(run_dir, baseline)
+
+
+# Race stress: the copy streams spin before every copy, so a copy lands long after the host queued it; a missing
+# stream wait then reads or overwrites a state mid-copy and the losses drift. wide_2l on an emulated 16 GB device
+# (2 layers: quick to compile): the auto budget there offloads part of the states (2.98 of 8.38 GB).
+RACE = ["model=wide_2l", "env.device_memory_gb=16", "train.micro_batch=2", "train.seq_len=1024", "train.steps=8",
+        "train.torch_adam=true", "logger=none"]
+
+
+@pytest.fixture(scope="session")
+def race_baseline(runs_dir) -> Path:
+    return run_point(runs_dir, "race_deepcompile", ["arm=deepcompile", "arm.schedule=z3_only"], base=RACE)
+
+
+@pytest.mark.parametrize("budget", ["forced_all", "auto"])
+@pytest.mark.parametrize("delay_us", [200, 2000])
+def test_race_stress_copy_delays_keep_the_losses(runs_dir, race_baseline, budget, delay_us):
+    budget_override = [f"offload.budget_gb={FORCED_ALL_GB}"] if budget == "forced_all" else []
+    run_dir = run_point(runs_dir, f"race_{budget}_{delay_us}us",
+                        ["arm=offload", f"debug.copy_delay_us={delay_us}", *budget_override], base=RACE)
+    plan = assert_plan_ran(run_dir)
+    if budget == "forced_all":
+        assert plan["offloaded_bytes"] == plan["total_state_bytes"]
+    else:
+        assert 0 < plan["offloaded_bytes"] < plan["total_state_bytes"], plan["offloaded_bytes"]
+    rows = steady_rows(run_dir)
+    # every copy spins delay_us first: the copy streams' busy time covers at least that
+    copies = rows[-1]["offload_launches"] + rows[-1]["reloads"]
+    assert rows[-1]["copy_d2h_busy_s"] + rows[-1]["copy_h2d_busy_s"] >= copies * delay_us * 1e-6 * 0.9, rows[-1]
+    assert all(row["offload_stall_s"] is not None for row in rows)
+    assert_same_losses(run_dir, race_baseline)

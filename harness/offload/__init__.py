@@ -4,6 +4,7 @@ check_config(ds_config, offload_cfg, grad_accum)  refuse what cannot work, on an
 install(engine, offload_cfg, budget_bytes, run_dir) register ops and passes; returns the compile schedule
 counters()                                          cumulative op counters since process start
 planned_offload_bytes()                             bytes the last plan moves off the device (None before one)
+predicted_peak_bytes()                              the step's peak allocated bytes that plan predicts
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from harness.budget import BUDGET_FRACTION, BUDGET_GB, GB, MARGIN, check_budget_
 from harness.checks import Choice, Number, check_keys
 from harness.errors import ConfigError
 
-__all__ = ["check_config", "check_knobs", "install", "counters", "planned_offload_bytes"]
+__all__ = ["check_config", "check_knobs", "install", "counters", "planned_offload_bytes", "predicted_peak_bytes"]
 
 KNOBS = {
     "mode": ("async", "blocking"),
@@ -91,9 +92,14 @@ def peak_cap_bytes(offload_cfg: dict) -> int | None:
 
 
 def counters() -> dict:
-    """{"offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls"}, cumulative (ints)."""
+    """Cumulative op counters (offload_launches, reloads, offload_bytes, reload_bytes, empty_cache_calls), cumulative
+    device seconds (stalls.TIMES: compute waiting on our copies, copy streams busy; call after a device sync), and the
+    last step's allocator readings at our ops (fwd_start_allocated_bytes, fwd_bwd_peak_allocated_bytes)."""
     from harness.offload import ops  # torch stays out of the driver's config check
-    return ops.counters()
+    if _installed is None:
+        return ops.counters()
+    runtime = _installed.runtime
+    return {**ops.counters(), **runtime.mover.timer.collect(), **runtime.take_readings()}
 
 
 def planned_offload_bytes() -> int | None:
@@ -102,8 +108,15 @@ def planned_offload_bytes() -> int | None:
     return None if plan is None else int(plan["offloaded_bytes"])
 
 
-def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
-    """Register our ops and passes on a ZeRO-3 DeepSpeed engine; return the schedule for engine.compile()."""
+def predicted_peak_bytes() -> int | None:
+    """The step's peak allocated bytes the last plan in this process predicts (None before a plan)."""
+    plan = _installed.last_plan if _installed is not None else None
+    return None if plan is None else int(plan["predicted_peak_bytes"])
+
+
+def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_delay_us: int = 0) -> list:
+    """Register our ops and passes on a ZeRO-3 DeepSpeed engine; return the schedule for engine.compile().
+    `copy_delay_us` (debug.copy_delay_us): a device-side spin before each copy, for race stress."""
     import torch
     from deepspeed.accelerator import get_accelerator
     from deepspeed.compile.util import get_deepcompile_handle
@@ -122,7 +135,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
         raise ConfigError("zero_optimization.stage", f"expected a ZeRO-3 optimizer, got {type(optimizer).__name__}")
     device = CudaDevice(torch.device("cuda", torch.cuda.current_device()))
     runtime = OffloadRuntime(
-        StateMover(device, split_streams=offload_cfg["streams"] == "split", hold=offload_cfg["release"] == "ordered"),
+        StateMover(device, split_streams=offload_cfg["streams"] == "split", hold=offload_cfg["release"] == "ordered",
+                   copy_delay_us=copy_delay_us),
         mode=offload_cfg["mode"],
         cache_policy=EmptyCachePolicy(offload_cfg["empty_cache"], device.empty_cache),
         is_profiling=lambda: get_deepcompile_handle().is_profiling())

@@ -252,14 +252,16 @@ class ProfileBuilder:
 
 
 def graph_nodes_profile(graph: Graph, mem: list, complete: bool, unknown_peak: int) -> tuple[list[dict], bool]:
-    """Node peaks from DeepCompile's memory records [(name, current_alloc, delta, peak)], in execution order. An
-    incomplete profile gives every node `unknown_peak` (the device total): plan as if nothing fits."""
+    """Node peaks and the bytes still allocated after each node, from DeepCompile's memory records [(name,
+    current_alloc, delta, peak)], in execution order. An incomplete profile gives every node `unknown_peak` (the
+    device total): plan as if nothing fits."""
     names = profiled_node_names(graph)
-    peaks = {record[0]: int(record[3]) for record in mem}
-    complete = complete and bool(mem) and all(name in peaks for name in names)
+    records = {record[0]: record for record in mem}
+    complete = complete and bool(mem) and all(name in records for name in names)
     if not complete:
         return [{"name": name, "peak_bytes": unknown_peak} for name in names], False
-    return [{"name": name, "peak_bytes": max(0, peaks[name])} for name in names], True
+    return [{"name": name, "peak_bytes": max(0, int(records[name][3])), "alloc_bytes": max(0, int(records[name][1]))}
+            for name in names], True
 
 
 def _memory_records(profiling_results, graph_id: int, bwd: bool) -> tuple[list, bool]:

@@ -16,6 +16,8 @@ Stream discipline (the compute stream is the current stream when an op runs):
   (with record_stream it can reuse the block only once the host sees the copy done, and maps new memory
   meanwhile). A reload of a slot still holding its block just points the state back at it: no copy.
 Nothing here waits on the host except `evict_all` (compile time) and the blocking mode's `synchronize`.
+Every compute-stream wait and every copy is timed on the device (stalls.py); `copy_delay_us` (debug) makes the
+copy stream sleep on the device before each copy, so a missing stream wait shows up as a wrong result.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, Iterable, Protocol
 
 import torch
 
+from harness.offload.stalls import D2H_BUSY, H2D_BUSY, StallRecorder
 from harness.offload.states import StateTask
 
 
@@ -33,12 +36,15 @@ class Device(Protocol):
 
     def current_stream(self) -> Any: ...
     def new_stream(self) -> Any: ...
-    def new_event(self) -> Any: ...
+    def new_event(self, timing: bool = False) -> Any: ...
     def use_stream(self, stream: Any) -> contextlib.AbstractContextManager: ...
     def pinned_like(self, tensor: torch.Tensor) -> torch.Tensor: ...
     def device_like(self, host: torch.Tensor) -> torch.Tensor: ...
     def keep_until_done(self, tensor: torch.Tensor, stream: Any) -> None: ...
     def empty_cache(self) -> None: ...
+    def sleep_us(self, microseconds: int) -> None: ...
+    def allocated_bytes(self) -> int: ...
+    def peak_allocated_bytes(self) -> int: ...
 
 
 class CudaDevice:
@@ -51,8 +57,8 @@ class CudaDevice:
     def new_stream(self) -> torch.cuda.Stream:
         return torch.cuda.Stream(self.device)
 
-    def new_event(self) -> torch.cuda.Event:
-        return torch.cuda.Event()
+    def new_event(self, timing: bool = False) -> torch.cuda.Event:
+        return torch.cuda.Event(enable_timing=timing)
 
     def use_stream(self, stream: torch.cuda.Stream) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(stream)
@@ -68,6 +74,27 @@ class CudaDevice:
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
+
+    def allocated_bytes(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak_allocated_bytes(self) -> int:
+        """Since the worker's reset at the step start."""
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def sleep_us(self, microseconds: int) -> None:
+        """Keep the current stream busy for about this long (a device-side spin; the host goes on)."""
+        torch.cuda._sleep(int(microseconds * self._cycles_per_us()))
+
+    def _cycles_per_us(self) -> float:
+        if not hasattr(self, "_cycles"):  # measured once: the spin counts clock cycles, whose rate varies by GPU
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(10_000_000)
+            end.record()
+            end.synchronize()
+            self._cycles = 10_000_000 / (start.elapsed_time(end) * 1e3)
+        return self._cycles
 
 
 @dataclass(eq=False)
@@ -86,11 +113,19 @@ class StateSlot:
 
 
 class StateMover:
-    def __init__(self, device: Device, split_streams: bool = True, hold: bool = False):
+    def __init__(self, device: Device, split_streams: bool = True, hold: bool = False, copy_delay_us: int = 0):
         self.device = device
         self.d2h = device.new_stream()
         self.h2d = device.new_stream() if split_streams else self.d2h
         self.hold = hold
+        self.copy_delay_us = copy_delay_us
+        self.timer = StallRecorder(device)
+
+    def _copy(self, stream: Any, kind: str, target: torch.Tensor, source: torch.Tensor) -> None:
+        with self.device.use_stream(stream), self.timer.copy_on(stream, kind):
+            if self.copy_delay_us:
+                self.device.sleep_us(self.copy_delay_us)
+            target.copy_(source, non_blocking=True)
 
     def offload(self, slots: Iterable[StateSlot], hold: bool | None = None) -> list[StateSlot]:
         """Start the D2H copies of the slots still on the device; returns those it started. With hold, the device
@@ -107,8 +142,7 @@ class StateMover:
             if slot.host is None:
                 slot.host = self.device.pinned_like(slot.task.tensor)
             device_data = slot.task.tensor.data
-            with self.device.use_stream(self.d2h):
-                slot.host.copy_(device_data, non_blocking=True)
+            self._copy(self.d2h, D2H_BUSY, slot.host, device_data)
             if hold:
                 slot.held = device_data
             else:
@@ -124,7 +158,7 @@ class StateMover:
         that reads it). True if it held one."""
         if slot.held is None:
             return False
-        self.device.current_stream().wait_event(slot.offload_event)
+        self.timer.compute_waits(slot.offload_event)
         slot.held = None
         return True
 
@@ -135,7 +169,7 @@ class StateMover:
             return False
         if slot.held is not None:
             # the optimizer will write the block: its (now unneeded) copy out must have read it first
-            self.device.current_stream().wait_event(slot.offload_event)
+            self.timer.compute_waits(slot.offload_event)
             slot.task.tensor.data, slot.held = slot.held, None
             return False
         compute = self.device.current_stream()
@@ -143,8 +177,7 @@ class StateMover:
         self.h2d.wait_stream(compute)
         if slot.offload_event is not None:
             self.h2d.wait_event(slot.offload_event)
-        with self.device.use_stream(self.h2d):
-            buffer.copy_(slot.host, non_blocking=True)
+        self._copy(self.h2d, H2D_BUSY, buffer, slot.host)
         if slot.reload_event is None:
             slot.reload_event = self.device.new_event()
         slot.reload_event.record(self.h2d)
@@ -157,16 +190,16 @@ class StateMover:
         pending = [slot for slot in slots if slot.reload_unwaited]
         if not pending:
             return
-        compute = self.device.current_stream()
         for slot in pending:
-            compute.wait_event(slot.reload_event)
+            self.timer.compute_waits(slot.reload_event)
             slot.reload_unwaited = False
 
     def synchronize(self) -> None:
         """Host wait for every copy issued so far (blocking mode, compile-time eviction)."""
-        self.d2h.synchronize()
-        if self.h2d is not self.d2h:
-            self.h2d.synchronize()
+        with self.timer.host_wait():
+            self.d2h.synchronize()
+            if self.h2d is not self.d2h:
+                self.h2d.synchronize()
 
     def evict_all(self, slots: Iterable[StateSlot]) -> int:
         """Compile time: copy every slot out and wait, so profiling sees the emptied device. Returns bytes moved."""

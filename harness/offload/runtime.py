@@ -64,6 +64,7 @@ class OffloadRuntime:
         self.fallback_reloads = 0                   # states brought back outside a reload op, cumulative
         self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
         self._warned = False                        # one warning per plan about states found out of place
+        self.readings: dict[str, int] = {}          # this step's allocator readings at our ops (metrics.OFFLOAD_GAUGES)
 
     # ------------------------------------------------------------------ set-up (compile time)
 
@@ -114,6 +115,7 @@ class OffloadRuntime:
         if self.is_profiling():
             return
         if entry.kind == ops.LAUNCH:
+            self.readings = {"fwd_start_allocated_bytes": self.mover.device.allocated_bytes()}
             self._launch(entry.task_ids)
         elif entry.kind == ops.RELOAD:
             if not self.blocking:
@@ -142,6 +144,8 @@ class OffloadRuntime:
                 ops.COUNTERS.reload_bytes += slot.task.nbytes
 
     def _end_backward(self) -> None:
+        # before the end-of-backward reloads: what forward and backward needed, which the planner predicts
+        self.readings["fwd_bwd_peak_allocated_bytes"] = self.mover.device.peak_allocated_bytes()
         if self.blocking:
             self._reload(tuple(self.slots))
             self.mover.synchronize()
@@ -151,6 +155,11 @@ class OffloadRuntime:
                 self.mover.wait_reloaded(self.slots.values())
         if self._ends_since_plan is not None:
             self._ends_since_plan += 1
+
+    def take_readings(self) -> dict[str, int]:
+        """The last step's allocator readings, cleared: a step whose ops did not run reports none."""
+        readings, self.readings = self.readings, {}
+        return readings
 
     # ------------------------------------------------------------------ the optimizer step
 
