@@ -63,7 +63,7 @@ class FakeDevice:
         self.pinned_allocations = 0
         self.empty_cache_calls = 0
         self.active_stream = self.compute
-        self.allocated = self.peak_allocated = 0  # what the allocator reports, set by a test
+        self.allocated = self.peak_allocated = self.reserved = 0  # what the allocator reports, set by a test
 
     def current_stream(self) -> FakeStream:
         return self.active_stream
@@ -105,6 +105,9 @@ class FakeDevice:
 
     def peak_allocated_bytes(self) -> int:
         return self.peak_allocated
+
+    def reserved_bytes(self) -> int:
+        return self.reserved
 
     def sleep_us(self, microseconds: int) -> None:
         self.log.append(("sleep_us", self.active_stream.name, microseconds))

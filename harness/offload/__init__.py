@@ -91,6 +91,12 @@ def peak_cap_bytes(offload_cfg: dict) -> int | None:
     return None if cap is None else int(cap * GB)
 
 
+def uses_device_rule(offload_cfg: dict) -> bool:
+    """No budget given: our pass plans the least offload predicted to fit the device (emulated or real) less the
+    allocator overhead measured on the run (plan.plan_for_device), not DeepSpeed's total x (1 - margin)."""
+    return offload_cfg["budget_gb"] is None and offload_cfg["budget_fraction"] is None
+
+
 def counters() -> dict:
     """Cumulative op counters (offload_launches, reloads, offload_bytes, reload_bytes, empty_cache_calls), cumulative
     device seconds (stalls.TIMES: compute waiting on our copies, copy streams busy; call after a device sync), and the
@@ -150,7 +156,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
               "step 0 (offload.evict_from=start)", flush=True)
     compile_schedule = schedule.build_schedule()
     offload_pass = OffloadPass(
-        runtime, optimizer, budget_bytes, offload_cfg["reload"], PlanFiles(run_dir),
+        runtime, optimizer, None if uses_device_rule(offload_cfg) else budget_bytes, offload_cfg["reload"],
+        PlanFiles(run_dir),
         device_total_bytes=int(get_accelerator().total_memory()),  # the emulated size, if one is set
         current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps),
         release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg))

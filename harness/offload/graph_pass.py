@@ -44,7 +44,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from harness.offload import ops
-from harness.offload.plan import make_plan, plan_to_json
+from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device, plan_to_json
 from harness.offload.runtime import OffloadRuntime
 from harness.offload.states import discover_tasks
 
@@ -210,20 +210,24 @@ class ProfileBuilder:
     """Accumulates one phase's graphs into the planner's profile format (DESIGN.md). Graph ids in the profile are
     indices in forward order; DeepCompile's ids (object ids) are kept only here."""
 
-    def __init__(self, tasks: list[dict], device_total_bytes: int):
+    def __init__(self, tasks: list[dict], device_total_bytes: int, step_facts: dict | None = None):
         self.tasks = tasks
         self.device_total_bytes = device_total_bytes
+        self.step_facts = step_facts or {}  # measured_start_bytes, step_transient_bytes, allocator_overhead_bytes
         self._fwd_order: list[int] = []
         self._bwd_order: list[int] = []
         self._graphs: dict[tuple[int, bool], dict] = {}
 
-    def add(self, graph_id: int, bwd: bool, nodes: list[dict], complete: bool) -> None:
+    def add(self, graph_id: int, bwd: bool, nodes: list[dict], complete: bool, start_alloc: int | None = None) -> None:
         order = self._bwd_order if bwd else self._fwd_order
         if graph_id not in order:
             order.append(graph_id)
         if graph_id not in self._fwd_order:  # a backward graph whose forward we never saw
             self._fwd_order.append(graph_id)
-        self._graphs[(graph_id, bwd)] = {"nodes": nodes, "complete": complete}
+        graph = {"nodes": nodes, "complete": complete}
+        if start_alloc is not None:
+            graph["start_alloc_bytes"] = start_alloc
+        self._graphs[(graph_id, bwd)] = graph
 
     def index(self, graph_id: int) -> int:
         return self._fwd_order.index(graph_id)
@@ -248,10 +252,12 @@ class ProfileBuilder:
             "graphs": [{"graph_id": self.index(gid), "bwd": bwd, **self._graphs[(gid, bwd)]} for gid, bwd in keys],
             "tasks": self.tasks,
             "device_total_bytes": self.device_total_bytes,
+            **{key: value for key, value in self.step_facts.items() if value is not None},
         }
 
 
-def graph_nodes_profile(graph: Graph, mem: list, complete: bool, unknown_peak: int) -> tuple[list[dict], bool]:
+def graph_nodes_profile(graph: Graph, mem: list, complete: bool, unknown_peak: int,
+                        bwd: bool = False) -> tuple[list[dict], bool]:
     """Node peaks and the bytes still allocated after each node, from DeepCompile's memory records [(name,
     current_alloc, delta, peak)], in execution order. An incomplete profile gives every node `unknown_peak` (the
     device total): plan as if nothing fits."""
@@ -260,8 +266,31 @@ def graph_nodes_profile(graph: Graph, mem: list, complete: bool, unknown_peak: i
     complete = complete and bool(mem) and all(name in records for name in names)
     if not complete:
         return [{"name": name, "peak_bytes": unknown_peak} for name in names], False
-    return [{"name": name, "peak_bytes": max(0, int(records[name][3])), "alloc_bytes": max(0, int(records[name][1]))}
-            for name in names], True
+    # a forward graph's inputs (parameters, the batch) stay alive in the running step too
+    freed = inputs_freed_before(graph) if bwd else {}
+    return [{"name": name, "peak_bytes": max(0, int(records[name][3])), "alloc_bytes": max(0, int(records[name][1])),
+             **({"inputs_freed_bytes": freed[name]} if bwd else {})} for name in names], True
+
+
+def inputs_freed_before(graph: Graph) -> dict[str, int]:
+    """Node name -> bytes of the graph's inputs whose last use came before it. The profiler holds every input until
+    the graph ends; the compiled graph drops each after its last use (AOT autograd hands the backward its saved
+    tensors to consume). Parameters (`primals_*`: ZeRO-3 shards the module keeps) are not freed by that."""
+    position = {node: index for index, node in enumerate(graph.nodes)}
+    freed_after: dict[int, int] = {}
+    for node in graph.nodes:
+        if node.op != "placeholder" or node.name.startswith("primals"):
+            continue
+        value = node.meta.get("val")
+        users = [position[user] for user in node.users if not ops.is_offload_op(user)]
+        if isinstance(value, torch.Tensor) and users:
+            last = max(users)
+            freed_after[last] = freed_after.get(last, 0) + value.numel() * value.element_size()
+    freed, running = {}, 0
+    for index, node in enumerate(graph.nodes):
+        freed[node.name] = running
+        running += freed_after.get(index, 0)
+    return freed
 
 
 def _memory_records(profiling_results, graph_id: int, bwd: bool) -> tuple[list, bool]:
@@ -308,9 +337,10 @@ def _is_rank0() -> bool:
 
 
 class OffloadPass:
-    """State of our passes across the graphs of one phase. `evict` and `plan` are the registered pass functions."""
+    """State of our passes across the graphs of one phase. `evict` and `plan` are the registered pass functions.
+    `budget_bytes` None: the auto rule at the device limit (plan.plan_for_device) instead of a budget."""
 
-    def __init__(self, runtime: OffloadRuntime, zero_optimizer, budget_bytes: int, reload_policy: str,
+    def __init__(self, runtime: OffloadRuntime, zero_optimizer, budget_bytes: int | None, reload_policy: str,
                  files: PlanFiles, device_total_bytes: int, current_phase: Callable[[], int],
                  writes_files: Callable[[], bool] = _is_rank0, release_policy: str = "recorded",
                  cap_bytes: int | None = None):
@@ -328,6 +358,7 @@ class OffloadPass:
         self._placements: dict[int, list[dict]] = {}  # backward graph -> where its reload ops went
         self._release_sites: dict[int, list[str]] = {}  # forward graph (profile index) -> node names with a site
         self.last_plan: dict | None = None   # the last final plan (made at the last backward graph)
+        self._overhead_bytes: int | None = None  # reserved less allocated after the planning step's eviction
 
     def evict(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
               mem_budget, param_manager, bwd: bool) -> None:
@@ -336,6 +367,8 @@ class OffloadPass:
         self.runtime.adopt(discover_tasks(self.zero_optimizer))
         with unset_fake_temporarily():  # compilers call passes under a fake mode; these copies are real
             moved = self.runtime.evict_all()
+            if self.budget_bytes is None:  # the device rule counts what the allocator holds beyond live bytes
+                self._overhead_bytes = self.runtime.allocator_overhead_bytes()
         logger.info("offload: evicted %d optimizer states (%.2f GB) before profiling", len(self.runtime.slots),
                     moved / 1e9)
         return None
@@ -357,11 +390,12 @@ class OffloadPass:
 
     def _record(self, graph: Graph, graph_id: int, profiling_results, bwd: bool) -> None:
         mem, complete = _memory_records(profiling_results, graph_id, bwd)
-        nodes, complete = graph_nodes_profile(graph, mem, complete, self.device_total_bytes)
+        nodes, complete = graph_nodes_profile(graph, mem, complete, self.device_total_bytes, bwd)
         if not complete:
             logger.warning("offload: no complete memory profile for graph %d (bwd=%s); planning as if it used "
                            "the whole device", graph_id, bwd)
-        self._builder.add(graph_id, bwd, nodes, complete)
+        # the first record is an input's: the profiler's reading before the graph allocates anything
+        self._builder.add(graph_id, bwd, nodes, complete, int(mem[0][1]) if complete else None)
 
     def _start_phase(self) -> None:
         self.runtime.adopt(discover_tasks(self.zero_optimizer))
@@ -393,8 +427,13 @@ class OffloadPass:
         self._record(graph, graph_id, profiling_results, bwd=True)
         with_backward = [gid for gid, needs_backward in graph_order if needs_backward]
         is_last = not with_backward or graph_id == with_backward[0]
-        plan = make_plan(self._builder.to_dict(), self.budget_bytes, self.reload_policy, self.release_policy,
-                         self.cap_bytes)
+        self._builder.step_facts.update(self._step_facts())
+        profile = self._builder.to_dict()
+        if self.budget_bytes is None:
+            limit = device_limit_bytes(self.device_total_bytes, self._overhead_bytes)
+            plan = plan_for_device(profile, limit, self.reload_policy, self.release_policy)
+        else:
+            plan = make_plan(profile, self.budget_bytes, self.reload_policy, self.release_policy, self.cap_bytes)
         self._placements.pop(graph_id, None)  # this graph's ops were stripped: its reloads are placed anew
         reloads = self._reloads_here(plan, graph_id, is_last)
         entries = [(ops.REGISTRY.add(ops.RELOAD, (task,)), task, after) for task, after in reloads]
@@ -404,6 +443,13 @@ class OffloadPass:
         if is_last:
             insert_end_backward(graph, ops.REGISTRY.add(ops.END_BACKWARD))
             self._finish(plan)
+
+    def _step_facts(self) -> dict:
+        """What the profile alone gets wrong about the step as it runs (profile.py)."""
+        masters = self.zero_optimizer.fp32_partitioned_groups_flat
+        return {"measured_start_bytes": self.runtime.forward_start_bytes,
+                "step_transient_bytes": max((flat.numel() * flat.element_size() for flat in masters), default=0),
+                "allocator_overhead_bytes": self._overhead_bytes}
 
     def _reloads_here(self, plan: dict, graph_id: int, is_last: bool) -> list[tuple[str, str | None]]:
         """(task, after-node) reloads for this graph. Before the last backward graph, a reload the plan puts

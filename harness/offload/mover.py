@@ -44,6 +44,7 @@ class Device(Protocol):
     def empty_cache(self) -> None: ...
     def sleep_us(self, microseconds: int) -> None: ...
     def allocated_bytes(self) -> int: ...
+    def reserved_bytes(self) -> int: ...
     def peak_allocated_bytes(self) -> int: ...
 
 
@@ -77,6 +78,9 @@ class CudaDevice:
 
     def allocated_bytes(self) -> int:
         return torch.cuda.memory_allocated(self.device)
+
+    def reserved_bytes(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
 
     def peak_allocated_bytes(self) -> int:
         """Since the worker's reset at the step start."""

@@ -75,157 +75,10 @@ from typing import Any, NoReturn
 
 from harness.budget import GB
 from harness.errors import ConfigError
+from harness.offload.profile import Node, Profile, Task, byte_count, expect, load_profile, parse_profile
 
 RELOAD_POLICIES = ("asap", "at_end")
 RELEASE_POLICIES = ("recorded", "ordered")
-
-
-@dataclass(frozen=True)
-class Node:
-    graph_id: int
-    bwd: bool
-    name: str
-    peak_bytes: int
-
-
-@dataclass(frozen=True)
-class Task:
-    id: str
-    bytes: int
-
-
-@dataclass(frozen=True)
-class Profile:
-    nodes: tuple[Node, ...]  # all graphs' nodes in execution order
-    tasks: tuple[Task, ...]  # in the order the optimizer step touches them
-
-    @property
-    def bwd_positions(self) -> list[int]:
-        return [position for position, node in enumerate(self.nodes) if node.bwd]
-
-    @property
-    def forward_peak_bytes(self) -> int:
-        return max((node.peak_bytes for node in self.nodes if not node.bwd), default=0)
-
-    @property
-    def floor_bytes(self) -> int:
-        return max((node.peak_bytes for node in self.nodes), default=0)
-
-    @property
-    def total_state_bytes(self) -> int:
-        return sum(task.bytes for task in self.tasks)
-
-
-# ---------------------------------------------------------------- validation
-
-
-def _expect(condition: bool, key: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(key, message)
-
-
-def _byte_count(value: Any, key: str) -> int:
-    # bool is an int subclass; a true/false byte count is a malformed file, not 1 or 0 bytes.
-    _expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
-    _expect(value >= 0, key, f"must be >= 0, got {value}")
-    return value
-
-
-def _mapping(value: Any, key: str) -> dict:
-    _expect(isinstance(value, dict), key, f"must be an object, got {type(value).__name__}")
-    return value
-
-
-def _sequence(value: Any, key: str) -> list | tuple:
-    _expect(isinstance(value, (list, tuple)), key, f"must be a list, got {type(value).__name__}")
-    return value
-
-
-def _graph_id(value: Any, key: str) -> int:
-    _expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
-    return value
-
-
-def _parse_graph(graph: Any, key: str) -> tuple[tuple[int, bool], list[Node]]:
-    graph = _mapping(graph, key)
-    graph_id = _graph_id(graph.get("graph_id"), f"{key}.graph_id")
-    bwd = graph.get("bwd")
-    _expect(isinstance(bwd, bool), f"{key}.bwd", f"must be true or false, got {bwd!r}")
-    nodes, seen_names = [], set()
-    for index, node in enumerate(_sequence(graph.get("nodes"), f"{key}.nodes")):
-        node_key = f"{key}.nodes[{index}]"
-        node = _mapping(node, node_key)
-        name = node.get("name")
-        _expect(isinstance(name, str) and name != "", f"{node_key}.name", f"must be a non-empty string, got {name!r}")
-        # Reloads are placed by node name, so a name must say which node it is.
-        _expect(name not in seen_names, f"{node_key}.name", f"duplicate node name {name!r} in this graph")
-        seen_names.add(name)
-        nodes.append(Node(graph_id, bwd, name, _byte_count(node.get("peak_bytes"), f"{node_key}.peak_bytes")))
-    return (graph_id, bwd), nodes
-
-
-def _parse_graph_order(order: Any, graphs: dict[tuple[int, bool], int]) -> list[tuple[int, bool]]:
-    """Each graph exactly once, forward graphs before backward graphs (one micro-batch per step)."""
-    parsed: list[tuple[int, bool]] = []
-    for index, entry in enumerate(_sequence(order, "profile.graph_order")):
-        key = f"profile.graph_order[{index}]"
-        _expect(isinstance(entry, (list, tuple)) and len(entry) == 2, key,
-                f"must be [graph_id, is_bwd], got {entry!r}")
-        graph = (_graph_id(entry[0], key), entry[1])
-        _expect(isinstance(graph[1], bool), key, f"is_bwd must be true or false, got {entry[1]!r}")
-        _expect(graph in graphs, key, f"no graph with graph_id {graph[0]} and bwd {graph[1]} in profile.graphs")
-        _expect(graph not in parsed, key, f"graph {graph[0]} (bwd {graph[1]}) listed twice")
-        _expect(graph[1] or not any(bwd for _, bwd in parsed), key, "forward graph after a backward graph")
-        parsed.append(graph)
-    for graph, index in graphs.items():
-        _expect(graph in parsed, f"profile.graphs[{index}]", "graph missing from profile.graph_order")
-    return parsed
-
-
-def _parse_tasks(tasks: Any) -> tuple[Task, ...]:
-    parsed, seen_ids = [], set()
-    for index, task in enumerate(_sequence(tasks, "profile.tasks")):
-        key = f"profile.tasks[{index}]"
-        task = _mapping(task, key)
-        task_id = task.get("id")
-        _expect(isinstance(task_id, str) and task_id != "", f"{key}.id", f"must be a non-empty string, got {task_id!r}")
-        _expect(task_id not in seen_ids, f"{key}.id", f"duplicate task id {task_id!r}")
-        seen_ids.add(task_id)
-        parsed.append(Task(task_id, _byte_count(task.get("bytes"), f"{key}.bytes")))
-    return tuple(parsed)
-
-
-def parse_profile(profile: Any) -> Profile:
-    """Validate a profile dict (profile.json format); raise ConfigError naming the first bad key."""
-    profile = _mapping(profile, "profile")
-    nodes_by_graph: dict[tuple[int, bool], list[Node]] = {}
-    graph_index: dict[tuple[int, bool], int] = {}
-    for index, graph in enumerate(_sequence(profile.get("graphs"), "profile.graphs")):
-        graph_key, nodes = _parse_graph(graph, f"profile.graphs[{index}]")
-        _expect(graph_key not in nodes_by_graph, f"profile.graphs[{index}]",
-                f"graph {graph_key[0]} (bwd {graph_key[1]}) listed twice")
-        nodes_by_graph[graph_key], graph_index[graph_key] = nodes, index
-    order = _parse_graph_order(profile.get("graph_order"), graph_index)
-    nodes = tuple(node for graph in order for node in nodes_by_graph[graph])
-    # Reloads can only go after backward nodes, and the step's end is measured from the last one.
-    _expect(any(node.bwd for node in nodes), "profile.graphs", "no backward graph with nodes")
-    if "device_total_bytes" in profile:
-        _byte_count(profile["device_total_bytes"], "profile.device_total_bytes")
-    return Profile(nodes, _parse_tasks(profile.get("tasks")))
-
-
-def load_profile(path: str | Path) -> dict:
-    """Read and validate profile.json; a missing, unreadable or malformed file is one ConfigError."""
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise ConfigError("profile", f"cannot read {path}: {error.strerror or error}") from None
-    try:
-        profile = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError("profile", f"{path} is not valid JSON: {error}") from None
-    parse_profile(profile)
-    return profile
 
 
 # ---------------------------------------------------------------- planning
@@ -313,8 +166,7 @@ def predict_peak(profile: Profile, resident_bytes: int, offloaded: tuple[Task, .
         in_use -= released_before.get(position, 0)
         peak = max(peak, node.peak_bytes + in_use)
         in_use += reloaded_after.get(position, 0)
-    last_peak = profile.nodes[profile.bwd_positions[-1]].peak_bytes
-    return max(peak, last_peak + in_use)
+    return max(peak, profile.step_end_baseline_bytes + in_use + profile.step_transient_bytes)
 
 
 def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: str = "recorded",
@@ -322,13 +174,47 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: s
     """The plan for one rank: which tasks to offload, where in forward to release their device blocks (ordered
     release only) and where in backward to reload them. `cap_bytes` defaults to the budget."""
     parsed = parse_profile(profile)
-    _byte_count(budget_bytes, "offload.budget_bytes")
-    cap_bytes = budget_bytes if cap_bytes is None else _byte_count(cap_bytes, "offload.peak_cap_bytes")
-    _expect(reload in RELOAD_POLICIES, "offload.reload", f"must be one of {', '.join(RELOAD_POLICIES)}, got {reload!r}")
-    _expect(release in RELEASE_POLICIES, "offload.release",
-            f"must be one of {', '.join(RELEASE_POLICIES)}, got {release!r}")
-
+    byte_count(budget_bytes, "offload.budget_bytes")
+    cap_bytes = budget_bytes if cap_bytes is None else byte_count(cap_bytes, "offload.peak_cap_bytes")
+    _check_policies(reload, release)
     n_resident = count_resident(parsed.tasks, budget_bytes, parsed.forward_peak_bytes)
+    plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release)
+    return {**plan, "budget_bytes": budget_bytes, "feasible": plan["predicted_peak_bytes"] <= budget_bytes,
+            "rule": "budget"}
+
+
+def plan_for_device(profile: dict, limit_bytes: int, reload: str = "asap", release: str = "recorded") -> dict:
+    """The auto rule at a device limit: the plan that offloads the least (keeps the longest prefix of the task list
+    resident) whose predicted peak fits `limit_bytes` (the device size less the allocator's overhead); everything
+    offloaded, and reported infeasible, when even that does not fit. The limit is also the cap reloads and releases
+    are placed under, so keeping one task fewer never raises the predicted peak."""
+    parsed = parse_profile(profile)
+    byte_count(limit_bytes, "offload.limit_bytes")
+    _check_policies(reload, release)
+    plan = None
+    for n_resident in range(len(parsed.tasks), -1, -1):
+        plan = _plan_keeping(parsed, n_resident, limit_bytes, reload, release)
+        if plan["predicted_peak_bytes"] <= limit_bytes:
+            break
+    return {**plan, "budget_bytes": limit_bytes, "feasible": plan["predicted_peak_bytes"] <= limit_bytes,
+            "rule": "device_limit"}
+
+
+def device_limit_bytes(device_bytes: int, overhead_bytes: int | None) -> int:
+    """What the step may allocate on a device of this size: the size less what the allocator holds beyond the live
+    bytes on this run (`overhead_bytes`: reserved less allocated once the cache is emptied at the planning step:
+    blocks of other streams, partly used segments); none measured: the size itself."""
+    return max(0, device_bytes - (overhead_bytes or 0))
+
+
+def _check_policies(reload: str, release: str) -> None:
+    expect(reload in RELOAD_POLICIES, "offload.reload", f"must be one of {', '.join(RELOAD_POLICIES)}, got {reload!r}")
+    expect(release in RELEASE_POLICIES, "offload.release",
+           f"must be one of {', '.join(RELEASE_POLICIES)}, got {release!r}")
+
+
+def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str, release: str) -> dict:
+    """The plan that keeps the first `n_resident` tasks resident (the budget keys are the caller's)."""
     resident, offloaded = parsed.tasks[:n_resident], parsed.tasks[n_resident:]
     resident_bytes = sum(task.bytes for task in resident)
     if release == "ordered":
@@ -345,7 +231,6 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: s
         reloads = [(parsed.bwd_positions[-1], task) for task in offloaded]
     predicted_peak = predict_peak(parsed, resident_bytes, offloaded, releases, reloads)
     return {
-        "budget_bytes": budget_bytes,
         "peak_cap_bytes": cap_bytes,
         "reload_policy": reload,
         "release_policy": release,
@@ -361,8 +246,9 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: s
                      "after_node": parsed.nodes[position].name} for position, task in reloads],
         "forward_peak_bytes": parsed.forward_peak_bytes,
         "floor_bytes": parsed.floor_bytes,
+        "outside_bytes": parsed.outside_bytes,
         "predicted_peak_bytes": predicted_peak,
-        "feasible": predicted_peak <= budget_bytes,
+        "feasible": predicted_peak <= cap_bytes,
     }
 
 
@@ -382,7 +268,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _gb_to_bytes(value: float, key: str) -> int:
-    _expect(math.isfinite(value) and value >= 0, key, f"must be a finite number >= 0, got {value}")
+    expect(math.isfinite(value) and value >= 0, key, f"must be a finite number >= 0, got {value}")
     return int(value * GB)
 
 
@@ -399,14 +285,22 @@ def main(argv: list[str] | None = None) -> int:
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--budget-gb", type=float, help="device memory budget in GB (1e9 bytes)")
     budget.add_argument("--budget-bytes", type=int, help="device memory budget in bytes")
+    budget.add_argument("--device-gb", type=float,
+                        help="device size in GB: the least offload predicted to fit it, less the allocator overhead "
+                             "the profile's run measured (the auto rule at a device limit)")
     parser.add_argument("--reload", default="asap", help=f"reload policy: {' | '.join(RELOAD_POLICIES)}")
     parser.add_argument("--release", default="recorded", help=f"release policy: {' | '.join(RELEASE_POLICIES)}")
     parser.add_argument("--peak-cap-gb", type=float, default=None,
                         help="cap (GB) that releases and asap reloads are placed under; default: the budget")
     args = parser.parse_args(argv)
     try:
-        cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
-        plan = make_plan(load_profile(args.profile), _budget_from_args(args), args.reload, args.release, cap)
+        profile = load_profile(args.profile)
+        if args.device_gb is not None:
+            limit = device_limit_bytes(_gb_to_bytes(args.device_gb, "device_gb"), profile.get("allocator_overhead_bytes"))
+            plan = plan_for_device(profile, limit, args.reload, args.release)
+        else:
+            cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
+            plan = make_plan(profile, _budget_from_args(args), args.reload, args.release, cap)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2

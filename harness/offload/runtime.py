@@ -65,6 +65,7 @@ class OffloadRuntime:
         self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
         self._warned = False                        # one warning per plan about states found out of place
         self.readings: dict[str, int] = {}          # this step's allocator readings at our ops (metrics.OFFLOAD_GAUGES)
+        self.forward_start_bytes: int | None = None  # allocated at the last forward start, before its launch
 
     # ------------------------------------------------------------------ set-up (compile time)
 
@@ -78,6 +79,12 @@ class OffloadRuntime:
 
     def evict_all(self) -> int:
         return self.mover.evict_all(self.slots.values())
+
+    def allocator_overhead_bytes(self) -> int:
+        """Empty the cache and return what the allocator still holds beyond live tensors (compile time only)."""
+        device = self.mover.device
+        device.empty_cache()
+        return max(0, device.reserved_bytes() - device.allocated_bytes())
 
     def evict_from_start(self, discover: Callable[[], Iterable[StateTask]]) -> int:
         """Before step 0 (offload.evict_from=start): take every state off the device, so phase 0 needs no more
@@ -115,7 +122,8 @@ class OffloadRuntime:
         if self.is_profiling():
             return
         if entry.kind == ops.LAUNCH:
-            self.readings = {"fwd_start_allocated_bytes": self.mover.device.allocated_bytes()}
+            self.forward_start_bytes = self.mover.device.allocated_bytes()
+            self.readings = {"fwd_start_allocated_bytes": self.forward_start_bytes}
             self._launch(entry.task_ids)
         elif entry.kind == ops.RELOAD:
             if not self.blocking:

@@ -1,0 +1,201 @@
+"""The planner's input: one rank's memory profile of a training step (profile.json), parsed and validated.
+
+No torch. Written by the DeepCompile pass (graph_pass.py) from DeepSpeed's profiling results; read by the planner
+(plan.py) and its CLI. Fields beyond the graphs and tasks are optional, so profiles from older runs still load:
+- per node `alloc_bytes` (bytes still allocated after it) and, in backward graphs, `inputs_freed_bytes` (bytes of
+  the graph's saved-activation inputs whose last use came before the node: the profiler holds every input to the
+  end, the compiled graph frees each after its last use);
+- per graph `start_alloc_bytes` (the profiler's reading before the graph's first node);
+- `measured_start_bytes` (allocated bytes at the start of this step's forward, with every state evicted, read by our
+  op: the profiler adds memory used outside torch to every reading, the allocator does not);
+- `step_transient_bytes` (what the optimizer step allocates on top of the states: ZeRO-3's fp32 gradient of one
+  sub-group at a time);
+- `allocator_overhead_bytes` (reserved less allocated after emptying the cache at the planning step: what the
+  allocator holds beyond the live bytes; the auto rule at a device limit subtracts it from the device size).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError
+
+@dataclass(frozen=True)
+class Node:
+    graph_id: int
+    bwd: bool
+    name: str
+    peak_bytes: int
+    inputs_freed_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    nodes: tuple[Node, ...]  # all graphs' nodes in execution order
+    tasks: tuple[Task, ...]  # in the order the optimizer step touches them
+    outside_bytes: int = 0   # the profiler's readings minus the allocator's (0: not measured)
+    measured_start_bytes: int | None = None
+    step_transient_bytes: int = 0
+
+    @property
+    def bwd_positions(self) -> list[int]:
+        return [position for position, node in enumerate(self.nodes) if node.bwd]
+
+    @property
+    def forward_peak_bytes(self) -> int:
+        return max((node.peak_bytes for node in self.nodes if not node.bwd), default=0)
+
+    @property
+    def floor_bytes(self) -> int:
+        return max((node.peak_bytes for node in self.nodes), default=0)
+
+    @property
+    def total_state_bytes(self) -> int:
+        return sum(task.bytes for task in self.tasks)
+
+    @property
+    def step_end_baseline_bytes(self) -> int:
+        """What is allocated besides the states when the optimizer step runs: the forward's measured start (the
+        gradients' buffers persist across steps), else the last backward node's peak (older profiles)."""
+        if self.measured_start_bytes is not None:
+            return self.measured_start_bytes
+        return self.nodes[self.bwd_positions[-1]].peak_bytes
+
+
+# ---------------------------------------------------------------- validation
+
+
+def expect(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(key, message)
+
+
+def byte_count(value: Any, key: str) -> int:
+    # bool is an int subclass; a true/false byte count is a malformed file, not 1 or 0 bytes.
+    expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+    expect(value >= 0, key, f"must be >= 0, got {value}")
+    return value
+
+
+def mapping(value: Any, key: str) -> dict:
+    expect(isinstance(value, dict), key, f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def sequence(value: Any, key: str) -> list | tuple:
+    expect(isinstance(value, (list, tuple)), key, f"must be a list, got {type(value).__name__}")
+    return value
+
+
+def _graph_id(value: Any, key: str) -> int:
+    expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+    return value
+
+
+def _parse_graph(graph: Any, key: str) -> tuple[tuple[int, bool], list[Node]]:
+    graph = mapping(graph, key)
+    graph_id = _graph_id(graph.get("graph_id"), f"{key}.graph_id")
+    bwd = graph.get("bwd")
+    expect(isinstance(bwd, bool), f"{key}.bwd", f"must be true or false, got {bwd!r}")
+    nodes, seen_names = [], set()
+    for index, node in enumerate(sequence(graph.get("nodes"), f"{key}.nodes")):
+        node_key = f"{key}.nodes[{index}]"
+        node = mapping(node, node_key)
+        name = node.get("name")
+        expect(isinstance(name, str) and name != "", f"{node_key}.name", f"must be a non-empty string, got {name!r}")
+        # Reloads are placed by node name, so a name must say which node it is.
+        expect(name not in seen_names, f"{node_key}.name", f"duplicate node name {name!r} in this graph")
+        seen_names.add(name)
+        freed = byte_count(node.get("inputs_freed_bytes", 0), f"{node_key}.inputs_freed_bytes")
+        nodes.append(Node(graph_id, bwd, name, byte_count(node.get("peak_bytes"), f"{node_key}.peak_bytes"), freed))
+    if "start_alloc_bytes" in graph:
+        byte_count(graph["start_alloc_bytes"], f"{key}.start_alloc_bytes")
+    return (graph_id, bwd), nodes
+
+
+def _parse_graph_order(order: Any, graphs: dict[tuple[int, bool], int]) -> list[tuple[int, bool]]:
+    """Each graph exactly once, forward graphs before backward graphs (one micro-batch per step)."""
+    parsed: list[tuple[int, bool]] = []
+    for index, entry in enumerate(sequence(order, "profile.graph_order")):
+        key = f"profile.graph_order[{index}]"
+        expect(isinstance(entry, (list, tuple)) and len(entry) == 2, key,
+                f"must be [graph_id, is_bwd], got {entry!r}")
+        graph = (_graph_id(entry[0], key), entry[1])
+        expect(isinstance(graph[1], bool), key, f"is_bwd must be true or false, got {entry[1]!r}")
+        expect(graph in graphs, key, f"no graph with graph_id {graph[0]} and bwd {graph[1]} in profile.graphs")
+        expect(graph not in parsed, key, f"graph {graph[0]} (bwd {graph[1]}) listed twice")
+        expect(graph[1] or not any(bwd for _, bwd in parsed), key, "forward graph after a backward graph")
+        parsed.append(graph)
+    for graph, index in graphs.items():
+        expect(graph in parsed, f"profile.graphs[{index}]", "graph missing from profile.graph_order")
+    return parsed
+
+
+def _parse_tasks(tasks: Any) -> tuple[Task, ...]:
+    parsed, seen_ids = [], set()
+    for index, task in enumerate(sequence(tasks, "profile.tasks")):
+        key = f"profile.tasks[{index}]"
+        task = mapping(task, key)
+        task_id = task.get("id")
+        expect(isinstance(task_id, str) and task_id != "", f"{key}.id", f"must be a non-empty string, got {task_id!r}")
+        expect(task_id not in seen_ids, f"{key}.id", f"duplicate task id {task_id!r}")
+        seen_ids.add(task_id)
+        parsed.append(Task(task_id, byte_count(task.get("bytes"), f"{key}.bytes")))
+    return tuple(parsed)
+
+
+def parse_profile(profile: Any) -> Profile:
+    """Validate a profile dict (profile.json format); raise ConfigError naming the first bad key. The nodes come back
+    calibrated to the step as it runs (see `calibrate`)."""
+    profile = mapping(profile, "profile")
+    nodes_by_graph: dict[tuple[int, bool], list[Node]] = {}
+    graph_index: dict[tuple[int, bool], int] = {}
+    for index, graph in enumerate(sequence(profile.get("graphs"), "profile.graphs")):
+        graph_key, nodes = _parse_graph(graph, f"profile.graphs[{index}]")
+        expect(graph_key not in nodes_by_graph, f"profile.graphs[{index}]",
+               f"graph {graph_key[0]} (bwd {graph_key[1]}) listed twice")
+        nodes_by_graph[graph_key], graph_index[graph_key] = nodes, index
+    order = _parse_graph_order(profile.get("graph_order"), graph_index)
+    nodes = tuple(node for graph in order for node in nodes_by_graph[graph])
+    # Reloads can only go after backward nodes, and the step's end is measured from the last one.
+    expect(any(node.bwd for node in nodes), "profile.graphs", "no backward graph with nodes")
+    for key in ("device_total_bytes", "measured_start_bytes", "step_transient_bytes", "allocator_overhead_bytes"):
+        if profile.get(key) is not None:
+            byte_count(profile[key], f"profile.{key}")
+    measured = profile.get("measured_start_bytes")
+    first_graph = profile["graphs"][graph_index[order[0]]]
+    outside = 0
+    if measured is not None and "start_alloc_bytes" in first_graph:
+        outside = max(0, first_graph["start_alloc_bytes"] - measured)
+    return calibrate(Profile(nodes, _parse_tasks(profile.get("tasks")), outside, measured,
+                             profile.get("step_transient_bytes") or 0))
+
+
+def calibrate(profile: Profile) -> Profile:
+    """Node peaks as the compiled step reaches them: less what the profiler counts outside the allocator (the same
+    amount at every node), and in backward less the inputs the compiled graph has already freed."""
+    nodes = tuple(replace(node, peak_bytes=max(0, node.peak_bytes - profile.outside_bytes - node.inputs_freed_bytes))
+                  for node in profile.nodes)
+    return replace(profile, nodes=nodes)
+
+
+def load_profile(path: str | Path) -> dict:
+    """Read and validate profile.json; a missing, unreadable or malformed file is one ConfigError."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError("profile", f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        profile = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError("profile", f"{path} is not valid JSON: {error}") from None
+    parse_profile(profile)
+    return profile
