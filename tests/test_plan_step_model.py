@@ -1,0 +1,121 @@
+"""The planner's step model calibrated to the running step (profile.py) and the auto rule at a device limit
+(plan.plan_for_device, `harness plan --device-gb`)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device
+from harness.offload.profile import parse_profile
+from test_plan import profiles
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = settings(max_examples=150, deadline=None)
+
+
+def measured_profile(outside=0, measured_start=None, transient=0, freed=(0, 0, 0)) -> dict:
+    """One forward and one backward graph; readings carry `outside` bytes the allocator does not hold."""
+    profile = {
+        "graph_order": [[0, False], [0, True]],
+        "graphs": [
+            {"graph_id": 0, "bwd": False, "start_alloc_bytes": 100 + outside,
+             "nodes": [{"name": "f0", "peak_bytes": 150 + outside}, {"name": "f1", "peak_bytes": 300 + outside}]},
+            {"graph_id": 0, "bwd": True,
+             "nodes": [{"name": f"b{i}", "peak_bytes": peak + outside, "inputs_freed_bytes": gone}
+                       for i, (peak, gone) in enumerate(zip((400, 380, 360), freed))]},
+        ],
+        "tasks": [{"id": "0:fp32", "bytes": 40}, {"id": "0:exp_avg", "bytes": 40}, {"id": "1:fp32", "bytes": 20}],
+        "step_transient_bytes": transient,
+    }
+    if measured_start is not None:
+        profile["measured_start_bytes"] = measured_start
+    return profile
+
+
+def test_readings_outside_the_allocator_come_off_every_node():
+    parsed = parse_profile(measured_profile(outside=70, measured_start=100))
+    assert parsed.outside_bytes == 70
+    assert [node.peak_bytes for node in parsed.nodes] == [150, 300, 400, 380, 360]
+
+
+def test_without_a_measured_start_the_profile_is_taken_as_read():
+    parsed = parse_profile(measured_profile(outside=70))
+    assert parsed.outside_bytes == 0
+    assert [node.peak_bytes for node in parsed.nodes] == [220, 370, 470, 450, 430]
+
+
+def test_backward_inputs_freed_before_a_node_come_off_it():
+    parsed = parse_profile(measured_profile(measured_start=100, freed=(0, 50, 200)))
+    assert [node.peak_bytes for node in parsed.nodes if node.bwd] == [400, 330, 160]
+
+
+def test_optimizer_step_is_the_measured_start_plus_every_state_plus_its_transient():
+    # budget above every node: nothing offloaded, so the step's end decides the peak
+    plan = make_plan(measured_profile(measured_start=100, transient=40, freed=(0, 300, 300)), 10_000)
+    assert plan["offloaded"] == []
+    assert plan["predicted_peak_bytes"] == max(400 + 100, 100 + 100 + 40)
+    plan = make_plan(measured_profile(measured_start=400, transient=40, freed=(0, 300, 300)), 10_000)
+    assert plan["predicted_peak_bytes"] == 400 + 100 + 40
+
+
+def test_device_rule_keeps_what_fits_and_offloads_the_rest():
+    profile = measured_profile(measured_start=100)
+    assert plan_for_device(profile, 10_000)["offloaded"] == []
+    plan = plan_for_device(profile, 460)  # backward peak 400: room for the first 40-byte state only
+    assert plan["offloaded"] == ["0:exp_avg", "1:fp32"] and plan["feasible"] and plan["rule"] == "device_limit"
+    assert plan["predicted_peak_bytes"] <= 460
+    hopeless = plan_for_device(profile, 300)
+    assert hopeless["offloaded_bytes"] == hopeless["total_state_bytes"] and not hopeless["feasible"]
+
+
+def test_device_limit_subtracts_the_measured_overhead():
+    assert device_limit_bytes(16_000, 1_500) == 14_500
+    assert device_limit_bytes(16_000, None) == 16_000
+    assert device_limit_bytes(1_000, 5_000) == 0
+
+
+@SETTINGS
+@given(profiles(), st.integers(0, 200), st.sampled_from(["asap", "at_end"]))
+def test_device_rule_fits_whenever_any_plan_fits_and_offloads_the_least(profile, limit, reload):
+    plan = plan_for_device(profile, limit, reload)
+    # every plan a fixed budget can make, placed under the same cap; those predicted to fit the limit
+    candidates = [make_plan(profile, budget, reload, cap_bytes=limit) for budget in range(0, 250)]
+    fitting = [candidate for candidate in candidates if candidate["predicted_peak_bytes"] <= limit]
+    if fitting:
+        assert plan["feasible"] and plan["predicted_peak_bytes"] <= limit
+        assert plan["offloaded_bytes"] <= min(candidate["offloaded_bytes"] for candidate in fitting)
+    else:
+        assert plan["offloaded_bytes"] == plan["total_state_bytes"]
+
+
+@SETTINGS
+@given(profiles(), st.integers(0, 200), st.integers(0, 200), st.sampled_from(["asap", "at_end"]))
+def test_more_device_never_moves_more(profile, limit_a, limit_b, reload):
+    small, large = sorted((limit_a, limit_b))
+    assert plan_for_device(profile, large, reload)["offloaded_bytes"] <= \
+        plan_for_device(profile, small, reload)["offloaded_bytes"]
+
+
+def test_cli_device_gb_plans_at_the_device_less_the_profiled_overhead(tmp_path):
+    profile = measured_profile(measured_start=100)
+    profile["allocator_overhead_bytes"] = 40
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    result = subprocess.run([sys.executable, "-m", "harness.cli", "plan", "--profile", str(path),
+                             "--device-gb", str(500 / 1e9)], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["budget_bytes"] == 460 and plan["offloaded"] == ["0:exp_avg", "1:fp32"]
+
+
+def test_cli_refuses_a_device_size_with_a_budget(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(measured_profile()))
+    result = subprocess.run([sys.executable, "-m", "harness.cli", "plan", "--profile", str(path), "--device-gb", "1",
+                             "--budget-gb", "1"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and "--device-gb" in result.stderr and result.stderr.count("\n") == 1
