@@ -5,7 +5,8 @@
 For each offload budget found: final-phase median step time of every arm, our pass over DeepSpeed's
 (`offload` / `ds_offload`) and over DeepCompile without offload, the reserved-memory trajectory of the
 final phase with the allocator's retries in it, and the largest relative loss difference against `deepcompile`
-(same seed, same data). Points run on an emulated device (`env.device_memory_gb`) or under an allocator ceiling
+(same seed, same data); for our pass also the copy stall per step and the planner's predicted peak against the
+measured one. Points run on an emulated device (`env.device_memory_gb`) or under an allocator ceiling
 (`env.reserved_cap_gb`) say so in their label, and each ratio compares points under the same limits where the
 sweep has them.
 """
@@ -88,6 +89,25 @@ def alloc_retries(point: dict) -> int | None:
     return ((point["summary"].get("final") or {}).get("alloc_retries") or {}).get("sum")
 
 
+def prediction_error(summary: dict) -> float | None:
+    """(predicted - measured) / measured peak allocated bytes of the final phase, for a point with a prediction."""
+    predicted = summary.get("predicted_peak_bytes")
+    measured = ((summary.get("final") or {}).get("peak_allocated_bytes") or {}).get("max")
+    return (predicted - measured) / measured if predicted and measured else None
+
+
+def stall_and_prediction(point: dict) -> str:
+    """Our pass's copy stall per step (final-phase median) and its planner's peak prediction against the measured."""
+    summary, parts = point["summary"], []
+    stall = ((summary.get("final") or {}).get("offload_stall_s") or {}).get("median")
+    if stall is not None:
+        parts.append(f"copy stall {stall:.4f} s/step")
+    error = prediction_error(summary)
+    if error is not None:
+        parts.append(f"predicted peak {summary['predicted_peak_bytes'] / 1e9:.2f} GB ({error:+.1%} of measured)")
+    return "".join(f" | {part}" for part in parts)
+
+
 def base_for(point: dict, group: list[dict], base: str) -> dict | None:
     """The finished `base` point to compare with: one under the same memory limits if there is one."""
     finished = [p for p in group if p["arm"] == base and final_median(p)]
@@ -108,7 +128,7 @@ def report(points: list[dict]) -> str:
                          + (f"{median:.4f} s" if median is not None else "-")
                          + (f" | max rel loss diff vs deepcompile {loss:.2e}" if loss is not None else "")
                          + f" | planned offload {p['summary'].get('planned_offload_bytes')}"
-                         + f" | alloc retries {alloc_retries(p)}"
+                         + f" | alloc retries {alloc_retries(p)}" + stall_and_prediction(p)
                          + f"\n      final-phase peak reserved GB per step: {run_lengths(reserved_trajectory_gb(p))}")
         ours = [p for p in group if p["arm"] == "offload" and final_median(p)]
         for base in ("ds_offload", "deepcompile"):

@@ -56,3 +56,15 @@ def test_ratios_compare_points_under_the_same_allocator_ceiling(tmp_path):
 def test_reserved_trajectory_prints_repeats_once_with_their_count():
     assert run_lengths([11.2, 14.3, 14.3, 14.4, 14.3]) == "[11.2, 14.3×2, 14.4, 14.3]"
     assert run_lengths([]) == "[]"
+
+
+def test_stall_and_prediction_error_are_reported_for_points_that_have_them():
+    from harness.bench import prediction_error, stall_and_prediction
+
+    summary = {"predicted_peak_bytes": 11_000_000_000,
+               "final": {"peak_allocated_bytes": {"max": 10_000_000_000}, "offload_stall_s": {"median": 0.0125}}}
+    assert prediction_error(summary) == 0.1
+    assert stall_and_prediction({"summary": summary}) == \
+        " | copy stall 0.0125 s/step | predicted peak 11.00 GB (+10.0% of measured)"
+    assert stall_and_prediction({"summary": {"final": {}}}) == ""
+    assert prediction_error({"predicted_peak_bytes": None, "final": None}) is None
