@@ -21,7 +21,7 @@ import yaml
 from harness.envinfo import REPO_ROOT
 from harness.sinks import STEPS_FILE, SUMMARY_FILE, iter_run_dirs, read_jsonl
 
-KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "evict_from", "peak_cap_gb")  # our pass's, as in conf/offload
+KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "evict_from", "auto_rule", "peak_cap_gb")  # our pass's, as in conf/offload
 
 
 LIMITS = ("device_memory_gb", "reserved_cap_gb")  # an emulated device size, an allocator ceiling inside it
