@@ -173,12 +173,14 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: s
               cap_bytes: int | None = None) -> dict:
     """The plan for one rank: which tasks to offload, where in forward to release their device blocks (ordered
     release only) and where in backward to reload them. `cap_bytes` defaults to the budget."""
-    parsed = parse_profile(profile)
+    # Placed on the profile as read, as DeepSpeed's pass places (both offload comparable bytes at one budget);
+    # the predicted peak comes from the step model calibrated to the running step.
+    parsed = parse_profile(profile, calibrated=False)
     byte_count(budget_bytes, "offload.budget_bytes")
     cap_bytes = budget_bytes if cap_bytes is None else byte_count(cap_bytes, "offload.peak_cap_bytes")
     _check_policies(reload, release)
     n_resident = count_resident(parsed.tasks, budget_bytes, parsed.forward_peak_bytes)
-    plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release)
+    plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release, predict_on=parse_profile(profile))
     return {**plan, "budget_bytes": budget_bytes, "feasible": plan["predicted_peak_bytes"] <= budget_bytes,
             "rule": "budget"}
 
@@ -213,8 +215,10 @@ def _check_policies(reload: str, release: str) -> None:
            f"must be one of {', '.join(RELEASE_POLICIES)}, got {release!r}")
 
 
-def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str, release: str) -> dict:
-    """The plan that keeps the first `n_resident` tasks resident (the budget keys are the caller's)."""
+def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str, release: str,
+                  predict_on: Profile | None = None) -> dict:
+    """The plan that keeps the first `n_resident` tasks resident (the budget keys are the caller's); its peak is
+    predicted on `predict_on` (the same graphs, calibrated), default the profile it was placed on."""
     resident, offloaded = parsed.tasks[:n_resident], parsed.tasks[n_resident:]
     resident_bytes = sum(task.bytes for task in resident)
     if release == "ordered":
@@ -229,7 +233,7 @@ def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str,
                                      frozenset(task.id for task in held))
     else:
         reloads = [(parsed.bwd_positions[-1], task) for task in offloaded]
-    predicted_peak = predict_peak(parsed, resident_bytes, offloaded, releases, reloads)
+    predicted_peak = predict_peak(predict_on or parsed, resident_bytes, offloaded, releases, reloads)
     return {
         "peak_cap_bytes": cap_bytes,
         "reload_policy": reload,

@@ -152,9 +152,9 @@ def _parse_tasks(tasks: Any) -> tuple[Task, ...]:
     return tuple(parsed)
 
 
-def parse_profile(profile: Any) -> Profile:
+def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
     """Validate a profile dict (profile.json format); raise ConfigError naming the first bad key. The nodes come back
-    calibrated to the step as it runs (see `calibrate`)."""
+    calibrated to the step as it runs (see `calibrate`), or as profiled."""
     profile = mapping(profile, "profile")
     nodes_by_graph: dict[tuple[int, bool], list[Node]] = {}
     graph_index: dict[tuple[int, bool], int] = {}
@@ -175,8 +175,9 @@ def parse_profile(profile: Any) -> Profile:
     outside = 0
     if measured is not None and "start_alloc_bytes" in first_graph:
         outside = max(0, first_graph["start_alloc_bytes"] - measured)
-    return calibrate(Profile(nodes, _parse_tasks(profile.get("tasks")), outside, measured,
-                             profile.get("step_transient_bytes") or 0))
+    parsed = Profile(nodes, _parse_tasks(profile.get("tasks")), outside, measured,
+                     profile.get("step_transient_bytes") or 0)
+    return calibrate(parsed) if calibrated else parsed
 
 
 def calibrate(profile: Profile) -> Profile:
