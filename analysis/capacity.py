@@ -24,9 +24,10 @@ from analysis.render import write_table
 from analysis.tables import (NOT_APPLICABLE, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S, Table, aggregate_repeats,
                              axis_label, cell, design, display_frame, format_value, is_missing, swept_axis,
                              swept_values)
+from harness.arms import arm_names
 
 DEVICE_SIZE = "device_memory_gb"
-CAPACITY_ARMS = ("zero3", "zero_offload", "deepcompile", "ds_offload", "offload")  # PR #8186's row order
+CAPACITY_ARMS = arm_names(order=lambda arm: arm.display.capacity_order)  # PR #8186's row order
 TOKENS_P25, TOKENS_P75 = "final_tokens_per_s_p25", "final_tokens_per_s_p75"
 AXIS_TITLES = {"seq_len": "sequence length (tokens)", "micro_batch": "micro-batch (sequences per GPU)"}
 AXIS_NAMES = {"seq_len": "sequence length", "micro_batch": "micro-batch"}

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from harness.arms.registry import TARGET
 from harness.checks import lookup
 from harness.launch import STATUSES
 from harness.sinks import job_order
@@ -272,7 +273,7 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
     arm = config.get("arm") if isinstance(config.get("arm"), Mapping) else {}
     covered = set(CONFIG_COLUMNS)
     for knob, value in arm.items():
-        if knob != "name" and not isinstance(value, Mapping):
+        if knob not in ("name", TARGET) and not isinstance(value, Mapping):  # TARGET names the arm's class
             row[f"arm_{knob}"] = _cell(value)
             covered.add(f"arm.{knob}")
     for key in override_keys:

@@ -19,16 +19,11 @@ from analysis.load import GB, OK
 from analysis.render import to_csv
 from analysis.tables import (NON_OFFLOAD_ARMS, OFFLOAD_ARMS, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S,
                              Design, aggregate_repeats, design, format_value, is_missing, order_key)
+from harness.arms import Arm, registered
 
-# Okabe-Ito colours (colour-blind safe) with distinct markers, so arms stay apart in greyscale too.
-ARM_STYLES = {
-    "zero3": ("#0072B2", "o"),
-    "deepcompile": ("#E69F00", "s"),
-    "ds_offload": ("#009E73", "^"),
-    "offload": ("#D55E00", "D"),
-    "zero_offload": ("#CC79A7", "v"),
-}
-OTHER_ARM_STYLE = ("#7F7F7F", "x")
+# Each arm's colour and marker (harness/arms/), so arms stay apart in greyscale too.
+ARM_STYLES = {name: (arm.display.colour, arm.display.marker) for name, arm in registered().items()}
+OTHER_ARM_STYLE = (Arm.display.colour, Arm.display.marker)
 BUDGET_COLUMNS = ("budget_gb", "budget_fraction", "margin")
 PAPER_RC = {
     "font.family": "DejaVu Sans",  # ships with matplotlib: the same glyphs on every machine

@@ -16,11 +16,12 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import GB, OK, is_design_column
+from harness.arms import arm_names
 
-ARMS = ("zero3", "deepcompile", "ds_offload", "offload", "zero_offload")
-BASELINE_ARM = "zero3"
-NON_OFFLOAD_ARMS = ("zero3", "deepcompile")
-OFFLOAD_ARMS = ("ds_offload", "offload")
+ARMS = arm_names()  # the tables' row order
+BASELINE_ARM = arm_names(lambda arm: arm.baseline)[0]
+NON_OFFLOAD_ARMS = arm_names(lambda arm: arm.keeps_optimizer_states_on_gpu)
+OFFLOAD_ARMS = arm_names(lambda arm: arm.offloads_opt_states)
 REPEAT_COLUMNS = ("repeat", "seed")
 # What a training step computes, and on how much device memory: two points with equal values here are
 # comparable across arms.

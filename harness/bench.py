@@ -18,7 +18,10 @@ from pathlib import Path
 
 import yaml
 
+from harness import arms
+from harness.arms import BenchRole
 from harness.envinfo import REPO_ROOT
+from harness.errors import ConfigError
 from harness.sinks import STEPS_FILE, SUMMARY_FILE, iter_run_dirs, read_jsonl
 
 KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "evict_from", "auto_rule", "peak_cap_gb")  # our pass's, as in conf/offload
@@ -33,12 +36,26 @@ def load_points(sweep_dirs: list[Path]) -> list[dict]:
         for run_dir in iter_run_dirs(sweep_dir):
             config = yaml.safe_load((run_dir / "config.yaml").read_text())
             summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-            points.append({"arm": config["arm"]["name"], "budget_gb": config["offload"]["budget_gb"],
-                           "offload": config["offload"], "summary": summary,
+            points.append({"arm": config["arm"]["name"], "role": bench_role(config["arm"]),
+                           "budget_gb": config["offload"]["budget_gb"], "offload": config["offload"],
+                           "summary": summary,
                            "reserved_cap_gb": (config.get("env") or {}).get("reserved_cap_gb"),
                            "device_memory_gb": (config.get("env") or {}).get("device_memory_gb"),
                            "rows": read_jsonl(run_dir / STEPS_FILE), "run_dir": run_dir})
     return points
+
+
+def bench_role(arm_cfg: dict) -> str | None:
+    """What the point's arm is in this benchmark (a BenchRole); None for an arm it does not compare."""
+    try:
+        return arms.class_of(arm_cfg).bench_role
+    except ConfigError:  # an arm this checkout does not have
+        return None
+
+
+def is_reference(point: dict) -> bool:
+    """The point runs without offload: it belongs to every budget's group."""
+    return point["role"] == BenchRole.REFERENCE
 
 
 def final_median(point: dict) -> float | None:
@@ -75,7 +92,7 @@ def knob_defaults() -> dict:
 def describe(point: dict, defaults: dict | None = None) -> str:
     """The arm, the knobs of our pass that differ from the defaults, and the allocator ceiling if one was set."""
     changed = []
-    if point["arm"] == "offload":
+    if point["role"] == BenchRole.OURS:
         defaults = knob_defaults() if defaults is None else defaults
         changed = [f"{k}={point['offload'][k]}" for k in KNOBS
                    if k in point["offload"] and point["offload"][k] != defaults.get(k)]
@@ -108,32 +125,32 @@ def stall_and_prediction(point: dict) -> str:
     return "".join(f" | {part}" for part in parts)
 
 
-def base_for(point: dict, group: list[dict], base: str) -> dict | None:
-    """The finished `base` point to compare with: one under the same memory limits if there is one."""
-    finished = [p for p in group if p["arm"] == base and final_median(p)]
+def base_for(point: dict, group: list[dict], role: str) -> dict | None:
+    """The finished point of the arm in `role` to compare with: one under the same memory limits if there is one."""
+    finished = [p for p in group if p["role"] == role and final_median(p)]
     same_cap = [p for p in finished if all(p.get(limit) == point.get(limit) for limit in LIMITS)]
     return (same_cap or finished or [None])[0]
 
 
 def report(points: list[dict]) -> str:
     lines = []
-    reference = next((p for p in points if p["arm"] == "deepcompile" and p["summary"]["status"] == "ok"), None)
-    for budget in sorted({p["budget_gb"] for p in points if p["arm"] != "deepcompile"}, key=lambda b: (b is None, b)):
-        group = [p for p in points if p["budget_gb"] == budget or p["arm"] == "deepcompile"]
+    reference = next((p for p in points if is_reference(p) and p["summary"]["status"] == "ok"), None)
+    for budget in sorted({p["budget_gb"] for p in points if not is_reference(p)}, key=lambda b: (b is None, b)):
+        group = [p for p in points if p["budget_gb"] == budget or is_reference(p)]
         lines.append(f"== budget_gb={budget if budget is not None else 'auto'}")
         for p in group:
             loss = max_rel_loss_diff(p["rows"], reference["rows"]) if reference and p is not reference else None
             median = final_median(p)
             lines.append(f"  {describe(p):<48} {p['summary']['status']:<7} final median "
                          + (f"{median:.4f} s" if median is not None else "-")
-                         + (f" | max rel loss diff vs deepcompile {loss:.2e}" if loss is not None else "")
+                         + (f" | max rel loss diff vs {reference['arm']} {loss:.2e}" if loss is not None else "")
                          + f" | planned offload {p['summary'].get('planned_offload_bytes')}"
                          + f" | alloc retries {alloc_retries(p)}" + stall_and_prediction(p)
                          + f"\n      final-phase peak reserved GB per step: {run_lengths(reserved_trajectory_gb(p))}")
-        ours = [p for p in group if p["arm"] == "offload" and final_median(p)]
-        for base in ("ds_offload", "deepcompile"):
+        ours = [p for p in group if p["role"] == BenchRole.OURS and final_median(p)]
+        for base_role in (BenchRole.PEER, BenchRole.REFERENCE):
             for p in ours:
-                base_point = base_for(p, group, base)
+                base_point = base_for(p, group, base_role)
                 if base_point is not None:
                     lines.append(f"  ratio {describe(p)} / {describe(base_point)}: "
                                  f"{final_median(p) / final_median(base_point):.3f}")

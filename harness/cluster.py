@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from harness import arms
 from harness.envinfo import REPO_ROOT
 from harness.errors import ConfigError
 
@@ -253,13 +254,10 @@ def model_state_bytes(n_params: int, world_size: int, dtype: str) -> dict[str, i
             "optimizer": shard * (master + ADAM_MOMENT_BYTES)}
 
 
-def states_on_gpu(arm_name: str, states: Mapping[str, int]) -> int:
-    """Model-state bytes that must stay on the GPU: ZeRO-Offload keeps the optimizer state on the CPU and
-    the offload arms can move all of it out; the others keep everything."""
-    from harness import arms
-
-    spec = arms.arm_spec(arm_name)
-    keeps_optimizer = not spec.offloads_opt_states and arm_name != "zero_offload"
+def states_on_gpu(arm: arms.Arm, states: Mapping[str, int]) -> int:
+    """Model-state bytes that must stay on the GPU: parameters and gradients, and the optimizer state unless the
+    arm keeps it elsewhere (ZeRO-Offload on the CPU; the offload arms can move all of it out)."""
+    keeps_optimizer = arm.keeps_optimizer_states_on_gpu
     return states["params"] + states["grads"] + (states["optimizer"] if keeps_optimizer else 0)
 
 
@@ -340,7 +338,7 @@ def plan_row(overrides: list[str]) -> dict[str, Any]:
     n_params = _parameter_count(json.dumps(config["model"], sort_keys=True))
     states = model_state_bytes(n_params, row["gpus"], config["train"]["dtype"])
     memory = _device_memory_bytes(config)
-    on_gpu = states_on_gpu(row["arm"], states)
+    on_gpu = states_on_gpu(arms.from_config(config["arm"]), states)
     return {**row, **states, "n_params": n_params, "on_gpu": on_gpu, "gpu_memory": memory,
             "fits": None if memory is None else on_gpu <= memory}
 

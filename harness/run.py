@@ -87,10 +87,10 @@ def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str
     env = collect_env(config)
     if place.primary:
         write_json_atomic(run_dir / "env.json", env)
-    spec = arms.arm_spec(config["arm"]["name"])
+    arm = arms.from_config(config["arm"])
     gpus = _gpu_count()
-    if spec.needs_cuda and not gpus:
-        return build_summary(config, "skipped", f"arm {spec.name} needs CUDA; this machine has no GPU", [], 0.0, {})
+    if arm.needs_cuda and not gpus:
+        return build_summary(config, "skipped", f"arm {arm.name} needs CUDA; this machine has no GPU", [], 0.0, {})
 
     cmd, worker_env = cluster.node_command(config, run_dir, place)
     launcher, steps = config["launcher"], config["train"]["steps"]

@@ -5,6 +5,7 @@ from the tables below), then the rules that tie keys together (model shapes, ste
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from harness import arms, emulated_device, offload
@@ -122,7 +123,7 @@ def check_debug(cfg: dict[str, Any]) -> None:
 
 def check_values(cfg: dict[str, Any]) -> None:
     """Each value alone: type, finiteness, range, allowed options."""
-    arms.arm_spec(cfg["arm"]["name"])
+    arms.from_config(cfg["arm"])  # an unknown arm, or one missing a knob, first
     check_keys(cfg, REQUIRED_KEYS)
     check_keys(cfg, KEYS_WHEN_PRESENT, required=False)
     check_keys(cfg, MODEL_KEYS)
@@ -138,7 +139,7 @@ def validate(cfg: dict[str, Any], gpu_count: int | None) -> None:
     check_train(cfg)
     check_launcher(cfg, gpu_count)
     check_debug(cfg)
-    arms.check_arm_config(cfg)
+    arms.from_config(cfg["arm"]).check(cfg)
 
 
 # Config groups a command line may choose from, and the folder holding each one's options.
@@ -146,13 +147,22 @@ _GROUP_DIRS = {"model": "conf/model", "arm": "conf/arm", "train": "conf/train", 
                "launcher": "conf/launcher", "logger": "conf/logger", "experiments": "experiments"}
 
 
-def check_group_choices(overrides: list[str], repo_root) -> None:
+def added_config_dirs(args: list[str]) -> list[Path]:
+    """Config dirs a command line adds to Hydra's search path (`--config-dir DIR`, `-cd DIR`): an arm or a
+    model kept outside the repo has its YAML in DIR/arm/, DIR/model/, ..."""
+    dirs = [Path(value) for flag, value in zip(args, args[1:]) if flag in ("--config-dir", "-cd")]
+    return dirs + [Path(arg.partition("=")[2]) for arg in args if arg.startswith("--config-dir=")]
+
+
+def check_group_choices(args: list[str], repo_root) -> None:
     """Unknown group options (`arm=foo`), caught before Hydra so the error is one line naming the group."""
-    for override in overrides:
+    added = added_config_dirs(args)
+    for override in args:
         key, sep, value = override.lstrip("+~").partition("=")
         if not sep or key not in _GROUP_DIRS or any(c in value for c in "()[]{}*"):
             continue
-        options = sorted(p.stem for p in (repo_root / _GROUP_DIRS[key]).glob("*.yaml"))
+        group_dirs = [repo_root / _GROUP_DIRS[key], *(config_dir / key for config_dir in added)]
+        options = sorted({p.stem for group_dir in group_dirs for p in group_dir.glob("*.yaml")})
         for choice in value.split(","):
             if choice and choice != "null" and choice not in options:
                 raise ConfigError(key, f"unknown option {choice!r}; available: {', '.join(options)}")

@@ -16,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -132,8 +132,8 @@ def slow_down(cfg: dict, step: int, rank: int) -> None:
 class OffloadCounters:
     """Per-step deltas of an arm's cumulative offload counters (None for arms without them)."""
 
-    def __init__(self, arm_name: str):
-        self._read = arms.offload_counter_reader(arm_name)
+    def __init__(self, read: Callable[[], dict] | None):
+        self._read = read
         self._last = self._read() if self._read else {}
 
     def step_deltas(self) -> dict[str, int | float | None]:
@@ -160,19 +160,17 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         print(f"worker: rank {rank}: {outside / 1e9:.1f} GB of device memory in use outside this process before "
               "the model exists: another job shares the GPU; timings and DeepCompile's memory profile (which adds "
               "that memory to every node) are skewed", flush=True)
-    budget = resolve_budget(cfg["offload"], monitor, device) if arms.arm_spec(cfg["arm"]["name"]).offloads_opt_states else None
+    arm = arms.from_config(cfg["arm"])
+    budget = resolve_budget(cfg["offload"], monitor, device) if arm.offloads_opt_states else None
 
-    ds_config = arms.deepspeed_config(cfg, cuda)
+    ds_config = arm.deepspeed_config(cfg, cuda)
     make_model = models.model_factory(model_cfg)
     torch.manual_seed(train["seed"])
     with deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = make_model()
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
-    schedule = arms.compile_schedule(cfg, engine, budget, str(run_dir))
-    if schedule is not None:
-        engine.compile(backend=cfg["arm"]["compile_backend"], schedule=schedule)
-    starts = arms.phase_starts(cfg, schedule)
+    starts = arm.compile(cfg, engine, budget, str(run_dir))
 
     flops_per_token = models.flops_per_token(model_cfg, n_params, train["seq_len"])
     facts = {"world_size": world, "hostnames": sorted(set(gather_from_ranks(socket.gethostname()))),
@@ -188,7 +186,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         write_json_atomic(run_dir / WORKER_FILE, facts)
 
     generator = torch.Generator().manual_seed(train["seed"] * 1000 + rank)
-    counters = OffloadCounters(cfg["arm"]["name"])
+    counters = OffloadCounters(arm.offload_counter_reader())
     tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
     vocab = model_cfg["config"]["vocab_size"]
     diagnostics = StepDiagnostics(cfg["debug"], rank, monitor.cuda)
@@ -227,8 +225,8 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
 
     if rank == 0:
         write_json_atomic(run_dir / WORKER_FILE,
-                          {**facts, "planned_offload_bytes": arms.planned_offload_bytes(cfg["arm"]["name"]),
-                           "predicted_peak_bytes": arms.predicted_peak_bytes(cfg["arm"]["name"])})
+                          {**facts, "planned_offload_bytes": arm.planned_offload_bytes(),
+                           "predicted_peak_bytes": arm.predicted_peak_bytes()})
         writer.close()
     dist.barrier()
     print(f"worker: rank {rank} finished {train['steps']} steps", flush=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cluster, launch
+from harness import arms, cluster, launch
 from harness.errors import ConfigError
 from harness.sinks import read_jsonl
 
@@ -176,8 +176,9 @@ def test_zero3_state_bytes_per_rank():
     assert states["optimizer"] == pytest.approx(22.2e9, rel=0.02)  # PR #8186: fp32 states 22.2 GB per rank
     assert states["params"] == states["grads"] == states["optimizer"] / 6
     assert cluster.model_state_bytes(n, 8, "fp32")["optimizer"] == 2 * states["params"] * 2  # no master copy
-    assert cluster.states_on_gpu("zero3", states) == sum(states.values())
-    assert cluster.states_on_gpu("zero_offload", states) == cluster.states_on_gpu("ds_offload", states) \
+    arm = arms.registered()
+    assert cluster.states_on_gpu(arm["zero3"], states) == sum(states.values())
+    assert cluster.states_on_gpu(arm["zero_offload"], states) == cluster.states_on_gpu(arm["ds_offload"], states) \
         == states["params"] + states["grads"]
 
 

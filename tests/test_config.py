@@ -28,7 +28,8 @@ def compose_config(overrides: list[str], hydra: bool = False):
 def test_every_arm_composes_and_is_known(arm):
     cfg = compose_config([f"arm={arm}"])
     assert cfg.arm.name == arm
-    assert arms.arm_spec(arm).name == arm
+    built = arms.from_config(cfg.arm)
+    assert built.name == arm and type(built) is arms.registered()[arm]
 
 
 @pytest.mark.parametrize("model", options(CONF / "model"))
@@ -131,10 +132,11 @@ def test_a_reserved_cap_is_a_positive_number_of_gb():
 
 def test_reduce_bucket_size_reaches_the_zero_config_only_when_set():
     default = OmegaConf.to_container(compose_config([]), resolve=True)
-    assert "reduce_bucket_size" not in arms.deepspeed_config(default, cuda=False)["zero_optimization"]
+    ds_config = arms.from_config(default["arm"]).deepspeed_config
+    assert "reduce_bucket_size" not in ds_config(default, cuda=False)["zero_optimization"]
     cfg = OmegaConf.to_container(compose_config(["train.reduce_bucket_size=5e7"]), resolve=True)
     validate(cfg, gpu_count=0)
-    assert arms.deepspeed_config(cfg, cuda=False)["zero_optimization"]["reduce_bucket_size"] == 50_000_000
+    assert ds_config(cfg, cuda=False)["zero_optimization"]["reduce_bucket_size"] == 50_000_000
 
 
 def test_more_ranks_than_gpus_is_refused():

@@ -24,15 +24,17 @@ FAST = ["model=tiny", "train.steps=4", "train.seq_len=32"]
 DRIVER_ENV = {**os.environ, "WANDB_SILENT": "true"}
 
 
-def harness_cmd(tmp_path: Path, *overrides: str, multirun: bool = False) -> list[str]:
+def harness_cmd(tmp_path: Path, *overrides: str, multirun: bool = False, config_dir: Path | None = None) -> list[str]:
     """The driver's command line as a user would type it; run/sweep dirs go under tmp_path."""
     dirs = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
-    return [sys.executable, "-m", "harness.run", *(["-m"] if multirun else []), *FAST, *dirs, *overrides]
+    added = ["--config-dir", str(config_dir)] if config_dir else []  # Hydra's flags come before the overrides
+    return [sys.executable, "-m", "harness.run", *added, *(["-m"] if multirun else []), *FAST, *dirs, *overrides]
 
 
-def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, timeout: int = 600):
-    return subprocess.run(harness_cmd(tmp_path, *overrides, multirun=multirun), cwd=tmp_path, capture_output=True,
-                          text=True, timeout=timeout, env=DRIVER_ENV)
+def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, timeout: int = 600,
+                config_dir: Path | None = None, env: dict | None = None):
+    return subprocess.run(harness_cmd(tmp_path, *overrides, multirun=multirun, config_dir=config_dir),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env or DRIVER_ENV)
 
 
 def load(run_dir: Path):
@@ -282,6 +284,40 @@ def test_cuda_arm_on_cpu_is_skipped_not_crashed(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, summary = load(tmp_path / "run")
     assert summary["status"] == "skipped" and "CUDA" in summary["reason"]
+
+
+THROWAWAY_ARM = '''
+from dataclasses import dataclass
+
+from harness.arms import EagerArm
+
+
+@dataclass(frozen=True)
+class Halves(EagerArm):
+    """Eager ZeRO-3 whose second phase starts half-way through the run, whatever phase_starts says."""
+
+    def compile(self, cfg, engine, budget_bytes, run_dir):
+        return [0, cfg["train"]["steps"] // 2]
+'''
+
+
+def test_a_new_arm_is_one_class_and_one_yaml(tmp_path):
+    """The class in a module of its own (here outside the repo, on PYTHONPATH), its YAML in a config dir of its
+    own (given with Hydra's --config-dir): the driver, the validation and the worker pick it up, nothing else edited."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "throwaway_arm.py").write_text(THROWAWAY_ARM)
+    (tmp_path / "conf" / "arm").mkdir(parents=True)
+    (tmp_path / "conf" / "arm" / "halves.yaml").write_text(
+        "_target_: throwaway_arm.Halves\nname: halves\nphase_starts: [0]\noffload_optimizer: null\n")
+    path = os.pathsep.join([str(tmp_path / "code"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = harness_run(tmp_path, "logger=none", "arm=halves", config_dir=tmp_path / "conf",
+                       env={**DRIVER_ENV, "PYTHONPATH": path})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows, summary = load(tmp_path / "run")
+    assert summary["status"] == "ok" and summary["arm"] == "halves"
+    assert [phase["first_step"] for phase in summary["phases"]] == [0, 2]  # train.steps=4: the class's phases
+    assert [row["phase"] for row in rows] == [0, 0, 1, 1]
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["arm"]["name"] == "halves"
 
 
 @pytest.mark.parametrize("overrides,key", [

@@ -82,7 +82,7 @@ def test_heads_must_split_the_hidden_size_unless_head_dim_sets_their_width():
     validate(config("model.config.hidden_size=66"), gpu_count=0)  # tiny sets head_dim=16
 
 
-@pytest.mark.parametrize("arm", sorted(arms.ARMS))
+@pytest.mark.parametrize("arm", sorted(arms.registered()))
 @pytest.mark.parametrize("override,key", [
     ("offload.empty_cache=sometimes", "offload.empty_cache"),
     ("offload.streams=triple", "offload.streams"),
@@ -97,8 +97,10 @@ def test_every_arm_refuses_a_bad_offload_knob(arm, override, key):
 def test_null_sub_group_size_means_deepspeeds_default():
     cfg = config("train.sub_group_size=null")
     validate(cfg, gpu_count=0)
-    assert "sub_group_size" not in arms.deepspeed_config(cfg, cuda=False)["zero_optimization"]
-    assert arms.deepspeed_config(config(), cuda=False)["zero_optimization"]["sub_group_size"] == 100_000_000
+    assert "sub_group_size" not in arms.from_config(cfg["arm"]).deepspeed_config(cfg, cuda=False)["zero_optimization"]
+    default = config()
+    assert arms.from_config(default["arm"]).deepspeed_config(default, cuda=False)["zero_optimization"][
+        "sub_group_size"] == 100_000_000
 
 
 @pytest.mark.parametrize("overrides", [

@@ -1,0 +1,54 @@
+"""ds_offload: DeepSpeed's built-in optimizer-state offload pass (compile.offload_opt_states, PR #8186), planned
+against the same budget in bytes as our pass."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
+
+from harness.arms.base import BenchRole, Display, OffloadPassArm, gather_release
+from harness.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DsOffload(OffloadPassArm):
+    variant: str  # async (planned against the budget) | sync (all out, all back, blocking)
+
+    bench_role: ClassVar[str] = BenchRole.PEER
+    display: ClassVar[Display] = Display("DeepSpeed offload", "#009E73", "^", table_order=2, capacity_order=3)
+
+    def deepspeed_config(self, cfg: Mapping[str, Any], cuda: bool) -> dict:
+        ds = super().deepspeed_config(cfg, cuda)
+        ds["compile"]["offload_opt_states"] = True
+        return ds
+
+    def check(self, cfg: Mapping[str, Any]) -> None:
+        super().check(cfg)
+        if cfg["train"]["grad_accum"] != 1:
+            raise ConfigError("train.grad_accum", f"{self.name} (DeepSpeed's pass) supports gradient_accumulation_steps=1 only")
+
+    def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
+        from deepspeed.compile.passes import offload_adam_states as ds_pass
+
+        # DeepSpeed's pass reads its budget from this hook; both passes plan against the same bytes.
+        os.environ["DS_DC_OFFLOAD_OPT_BUDGET_GB"] = repr(budget_bytes / 1e9)
+        if self.variant == "sync":
+            return [(0, [gather_release()]), (1, [gather_release(), ds_pass.move_opt_states_sync])]
+        # States exist after step 0's optimizer step: evict them, profile on the emptied GPU, plan.
+        return [(0, [gather_release()]),
+                (1, [ds_pass.offload_adam_states_for_init, gather_release(), ds_pass.move_opt_states])]
+
+    def offload_counter_reader(self) -> Callable[[], dict]:
+        return _counters
+
+    def planned_offload_bytes(self) -> int:
+        from deepspeed.compile.passes import offload_adam_states as ds_pass
+
+        return int(sum(task[3] for task in ds_pass.offload_tasks_scheduled))
+
+
+def _counters() -> dict:
+    from deepspeed.compile.passes import offload_adam_states as ds_pass
+
+    stats = ds_pass.get_offload_op_stats()
+    return {"offload_launches": stats.get("launches", 0), "reloads": stats.get("reloads", 0)}

@@ -1,0 +1,40 @@
+"""offload: our own optimizer-state offload pass (harness/offload/); its knobs live in the offload group."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
+
+from harness.arms.base import BenchRole, Display, OffloadPassArm
+
+
+@dataclass(frozen=True)
+class Offload(OffloadPassArm):
+    bench_role: ClassVar[str] = BenchRole.OURS
+    display: ClassVar[Display] = Display("ours", "#D55E00", "D", table_order=3, capacity_order=4)
+
+    def check(self, cfg: Mapping[str, Any]) -> None:
+        from harness import offload
+
+        super().check(cfg)
+        offload.check_config(self.deepspeed_config(cfg, cuda=True), dict(cfg["offload"]), cfg["train"]["grad_accum"])
+
+    def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
+        from harness import offload
+
+        return offload.install(engine, dict(cfg["offload"]), budget_bytes, run_dir,
+                               copy_delay_us=cfg["debug"].get("copy_delay_us", 0))
+
+    def offload_counter_reader(self) -> Callable[[], dict]:
+        from harness import offload
+
+        return offload.counters
+
+    def planned_offload_bytes(self) -> int | None:
+        from harness import offload
+
+        return offload.planned_offload_bytes()
+
+    def predicted_peak_bytes(self) -> int | None:
+        from harness import offload
+
+        return offload.predicted_peak_bytes()
