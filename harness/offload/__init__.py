@@ -7,9 +7,10 @@ planned_offload_bytes()                             bytes the last plan moves of
 """
 from __future__ import annotations
 
-from harness.budget import BUDGET_FRACTION, BUDGET_GB, GB, MARGIN, check_budget_keys
+from harness.budget import BUDGET_FRACTION, BUDGET_GB, MARGIN, check_budget_keys
 from harness.checks import Choice, Number, check_keys
 from harness.errors import ConfigError
+from harness.units import GB
 
 __all__ = ["check_config", "check_knobs", "install", "counters", "planned_offload_bytes"]
 
@@ -132,7 +133,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str) -> list:
     runtime.gated = True
     if offload_cfg["evict_from"] == "start":
         moved = runtime.evict_from_start(lambda: discover_tasks(optimizer))
-        print(f"offload: {len(runtime.slots)} optimizer states ({moved / 1e9:.2f} GB) moved to the host before "
+        print(f"offload: {len(runtime.slots)} optimizer states ({moved / GB:.2f} GB) moved to the host before "
               "step 0 (offload.evict_from=start)", flush=True)
     compile_schedule = schedule.build_schedule()
     offload_pass = OffloadPass(

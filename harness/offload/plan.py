@@ -73,8 +73,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from harness.budget import GB
 from harness.errors import ConfigError
+from harness.units import GB
 
 RELOAD_POLICIES = ("asap", "at_end")
 RELEASE_POLICIES = ("recorded", "ordered")
