@@ -17,9 +17,11 @@ import pandas as pd
 import yaml
 
 from harness.arms.registry import TARGET
+from harness import runfiles
 from harness.checks import lookup
 from harness.launch import STATUSES
 from harness.sinks import job_order
+from harness.units import GB
 
 OK = "ok"
 
@@ -63,7 +65,6 @@ STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # point with an injected fault stands where a real failure of the same design point would.
 OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$")
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
-GB = 1e9  # budgets are decimal gigabytes throughout the harness
 MISSING = object()  # a config key that is not there, as opposed to one set to null
 
 
@@ -150,7 +151,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 def _read_index(sweep_dir: Path, problems: list[Problem]) -> dict[str, list[str]]:
     """run_dir -> overrides; the index may repeat a point (driver append + end-of-sweep callback)."""
-    index_file = sweep_dir / "index.jsonl"
+    index_file = sweep_dir / runfiles.INDEX
     if not index_file.is_file():
         return {}
     listed: dict[str, list[str]] = {}
@@ -177,11 +178,11 @@ def _numbers(numbers: list[int]) -> str:
 
 def _run_dirs(sweep_dir: Path, listed: Mapping[str, list[str]]) -> list[str]:
     """Run dirs named in the index plus those on disk (a point whose driver died never reached the index)."""
-    if (sweep_dir / "config.yaml").is_file() or (sweep_dir / "summary.json").is_file():
+    if (sweep_dir / runfiles.CONFIG).is_file() or (sweep_dir / runfiles.SUMMARY).is_file():
         return ["."]
     on_disk = [
         child.name for child in sorted(sweep_dir.iterdir())
-        if child.is_dir() and ((child / "config.yaml").exists() or (child / "summary.json").exists())
+        if child.is_dir() and ((child / runfiles.CONFIG).exists() or (child / runfiles.SUMMARY).exists())
     ] if sweep_dir.is_dir() else []
     return list(dict.fromkeys([*listed, *on_disk]))
 
@@ -190,17 +191,17 @@ def _load_point(sweep_dir: Path, run_dir: str, overrides: list[str], override_ke
                 problems: list[Problem]) -> tuple[dict[str, Any], pd.DataFrame] | None:
     path = sweep_dir / run_dir
     try:
-        config = _read_config(path / "config.yaml")
-        summary = _read_summary(path / "summary.json")
+        config = _read_config(path / runfiles.CONFIG)
+        summary = _read_summary(path / runfiles.SUMMARY)
     except (OSError, MalformedFile) as error:
         problems.append(Problem(_problem_file(error), _describe(error), point=str(path)))
         return None
     row = {"sweep": str(sweep_dir), "run_dir": run_dir, "overrides": " ".join(overrides)}
     row.update(config_row(config, override_keys, _override_values(overrides)))
     row.update(summary_row(summary))
-    row.update(_env_row(path / "env.json", problems))
+    row.update(_env_row(path / runfiles.ENV, problems))
     row["budget_resolved_gb"] = resolved_budget_gb(row)
-    steps = _read_steps(path / "steps.jsonl", row, problems)
+    steps = _read_steps(path / runfiles.STEPS, row, problems)
     return row, steps
 
 
@@ -244,7 +245,7 @@ def _read_summary(summary_file: Path) -> Mapping[str, Any]:
 def _hydra_overrides(path: Path) -> list[str]:
     """Overrides of a point missing from the index, from Hydra's own record when it is there."""
     try:
-        overrides = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text())
+        overrides = yaml.safe_load((path / runfiles.OVERRIDES).read_text())
     except (OSError, yaml.YAMLError):
         return []
     return [str(override) for override in overrides] if isinstance(overrides, list) else []

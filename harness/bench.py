@@ -22,7 +22,10 @@ from harness import arms
 from harness.arms import BenchRole
 from harness.envinfo import REPO_ROOT
 from harness.errors import ConfigError
-from harness.sinks import STEPS_FILE, SUMMARY_FILE, iter_run_dirs, read_jsonl
+from harness import runfiles
+from harness.runfiles import read_jsonl
+from harness.sinks import iter_run_dirs
+from harness.units import GB
 
 KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "evict_from", "auto_rule", "peak_cap_gb")  # our pass's, as in conf/offload
 
@@ -34,14 +37,14 @@ def load_points(sweep_dirs: list[Path]) -> list[dict]:
     points = []
     for sweep_dir in sweep_dirs:
         for run_dir in iter_run_dirs(sweep_dir):
-            config = yaml.safe_load((run_dir / "config.yaml").read_text())
-            summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+            config = runfiles.read_config(run_dir)
+            summary = json.loads((run_dir / runfiles.SUMMARY).read_text())
             points.append({"arm": config["arm"]["name"], "role": bench_role(config["arm"]),
                            "budget_gb": config["offload"]["budget_gb"], "offload": config["offload"],
                            "summary": summary,
                            "reserved_cap_gb": (config.get("env") or {}).get("reserved_cap_gb"),
                            "device_memory_gb": (config.get("env") or {}).get("device_memory_gb"),
-                           "rows": read_jsonl(run_dir / STEPS_FILE), "run_dir": run_dir})
+                           "rows": read_jsonl(run_dir / runfiles.STEPS), "run_dir": run_dir})
     return points
 
 
@@ -70,7 +73,7 @@ def max_rel_loss_diff(rows: list[dict], reference: list[dict]) -> float | None:
 
 def reserved_trajectory_gb(point: dict) -> list[float]:
     final = (point["summary"].get("final") or {}).get("phase")
-    return [round(r["peak_reserved_bytes"] / 1e9, 2) for r in point["rows"]
+    return [round(r["peak_reserved_bytes"] / GB, 2) for r in point["rows"]
             if r["phase"] == final and r.get("peak_reserved_bytes") is not None]
 
 

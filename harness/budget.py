@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from harness.checks import Number
 from harness.errors import ConfigError
-
-GB = 1e9  # budgets are in decimal gigabytes, as in DeepSpeed's DS_DC_OFFLOAD_OPT_BUDGET_GB
+from harness.units import GB
 BUDGET_GB = Number(low=0, nullable=True)
 BUDGET_FRACTION = Number(low=0, high=1, nullable=True)
 MARGIN = Number(low=0, high=1, high_open=True)

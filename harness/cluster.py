@@ -25,20 +25,16 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from harness import arms
+from harness import runfiles
 from harness.envinfo import REPO_ROOT
 from harness.errors import ConfigError
+from harness.units import GB
 
-GB = 1e9
 CONF_DIR = REPO_ROOT / "conf"
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 29500, 2000  # below Linux's ephemeral range, so no client socket holds it
 # A stop signal this close to the job's end time is SLURM's time-limit warning (submitit asks for it
 # signal_delay_s = 120 s ahead; SLURM may send it up to 60 s early).
 TIME_LIMIT_WINDOW_S = 300
-ATTEMPTS_DIR = "attempts"
-# The files of one attempt at a point; a requeued or re-run point sets them aside before it starts again.
-ATTEMPT_FILES = ("config.yaml", ".hydra", "steps.jsonl", "summary.json", "worker.json", "env.json", "worker.log",
-                 "profile.json", "plan.json", "wandb", "error.rank*.json", "node*.failed.json", "torch_trace.json",
-                 "torch_ops.txt", "memory_snapshot.pickle", "memory_trace.json")
 
 
 # --- where this driver sits -------------------------------------------------------------------------
@@ -160,11 +156,6 @@ def launcher_for_node(launcher: Mapping[str, Any], place: NodePlace) -> dict[str
     return out
 
 
-def log_name(place: NodePlace) -> str:
-    """Node 0 keeps worker.log; other nodes write their own file (appends from two hosts would tear)."""
-    return "worker.log" if place.primary else f"worker.node{place.node_rank}.log"
-
-
 # --- SLURM stops: time limit, preemption, requeue ----------------------------------------------------
 
 def stop_signals(environ: Mapping[str, str] = os.environ) -> tuple[signal.Signals, ...]:
@@ -191,34 +182,17 @@ def requeue_job(place: NodePlace) -> bool:
     return out.returncode == 0
 
 
-def set_aside_previous_attempt(run_dir: Path) -> Path | None:
-    """Move an earlier attempt's files (a requeued or re-run point) to attempts/N/, whole (its config and
-    .hydra/ too), so this attempt starts with an empty steps.jsonl; returns where they went."""
-    run_dir = Path(run_dir)
-    found = [p for pattern in ATTEMPT_FILES for p in run_dir.glob(pattern)]
-    if not found:
-        return None
-    attempts = run_dir / ATTEMPTS_DIR
-    target = attempts / str(len(list(attempts.glob("*"))) if attempts.exists() else 0)
-    target.mkdir(parents=True)
-    for path in found:
-        path.rename(target / path.name)
-    return target
-
-
 # --- node failures: a failed node stops the others at once -------------------------------------------
 
 def node_failure_path(run_dir: Path, node_rank: int) -> Path:
-    return Path(run_dir) / f"node{node_rank}.failed.json"
+    return Path(run_dir) / runfiles.node_failure(node_rank)
 
 
 def write_node_failure(run_dir: Path, place: NodePlace, returncode: int | None) -> None:
     """Tell the point's other nodes that this node's torchrun failed (the run dir is on a shared disk)."""
-    from harness.sinks import write_json_atomic
-
-    write_json_atomic(node_failure_path(run_dir, place.node_rank),
-                      {"node": place.node_rank, "host": socket.gethostname(), "returncode": returncode,
-                       "attempt": place.attempt})
+    runfiles.write_json(node_failure_path(run_dir, place.node_rank),
+                        {"node": place.node_rank, "host": socket.gethostname(), "returncode": returncode,
+                         "attempt": place.attempt})
 
 
 def peer_failure_watch(run_dir: Path, place: NodePlace) -> Callable[[], str | None]:
@@ -435,7 +409,7 @@ def format_job(overrides: list[str], multirun: bool, nodelist: str, job_id: str)
         cmd, env = node_command(config, Path("RUN_DIR"), place, cuda=True)  # SLURM points run on GPU nodes
         harness_env = [f"{k}={shlex.quote(v)}" for k, v in env.items() if os.environ.get(k) != v]
         role = "records the point" if place.primary else "runs its ranks only"
-        lines += [f"# node {node_rank} ({hosts[node_rank]}, {role}, log {log_name(place)}):",
+        lines += [f"# node {node_rank} ({hosts[node_rank]}, {role}, log {runfiles.node_log(node_rank)}):",
                   " ".join(harness_env + [shlex.quote(word) for word in ["python", *cmd[1:]]])]
     return "\n".join(lines)
 

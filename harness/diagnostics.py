@@ -8,15 +8,12 @@ Both slow the step they look at: its time in steps.jsonl is not a measurement.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
-from harness import memory_trace
+from harness import memory_trace, runfiles
 
-TRACE_FILE = "torch_trace.json"
-TABLE_FILE = "torch_ops.txt"
 TABLE_ROWS = 40
 
 
@@ -57,10 +54,8 @@ class StepDiagnostics:
             memory_trace.stop_and_write(run_dir, device)
 
     def _write_profile(self, run_dir: Path) -> None:
-        tmp = run_dir / f"{TRACE_FILE}.tmp"
-        self._profiler.export_chrome_trace(str(tmp))
-        os.replace(tmp, run_dir / TRACE_FILE)
+        runfiles.write_atomic(run_dir / runfiles.TORCH_TRACE, lambda tmp: self._profiler.export_chrome_trace(str(tmp)))
         averages = self._profiler.key_averages()
         orders = ["self_cpu_time_total"] + (["self_device_time_total"] if self.cuda else [])
         tables = [f"operators by {order}\n" + averages.table(sort_by=order, row_limit=TABLE_ROWS) for order in orders]
-        (run_dir / TABLE_FILE).write_text("\n\n".join(tables) + "\n")
+        runfiles.write_atomic(run_dir / runfiles.TORCH_OPS, "\n\n".join(tables) + "\n")

@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 import psutil
 
+from harness import runfiles
+
 STATUSES = ("ok", "oom", "died", "timeout", "preempted", "interrupted", "skipped", "config_error", "error")
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
-LOG_FILE = "worker.log"
 _KILL_GRACE_S = 10
 _POLL_S = 1.0  # how often the launch loop checks the timeout and the point's other nodes
 
@@ -72,7 +73,7 @@ def worker_env(cfg: dict[str, Any], cuda: bool | None = None) -> dict[str, str]:
 
 def _pump(stream, log_path: Path, echo: Callable[[str], None]) -> None:
     """Copy worker output to the log; echo the per-step progress lines to the console."""
-    with open(log_path, "a") as log:
+    with runfiles.open_append(log_path) as log:
         for line in stream:
             log.write(line)
             log.flush()
@@ -81,7 +82,7 @@ def _pump(stream, log_path: Path, echo: Callable[[str], None]) -> None:
 
 
 def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: float,
-                echo: Callable[[str], None] = print, *, log_name: str = LOG_FILE,
+                echo: Callable[[str], None] = print, *, log_name: str = runfiles.LOG,
                 stop_signals: tuple[int, ...] = (signal.SIGTERM,),
                 name_stop: Callable[[int], str] = lambda signum: "preempted",
                 peer_failure: Callable[[], str | None] | None = None,
@@ -103,7 +104,7 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
         stop["status"] = "interrupted" if signum in INTERRUPT_SIGNALS else name_stop(signum)
         stop["signal"] = signal.Signals(signum).name
 
-    with open(run_dir / log_name, "a") as log:  # which command each node ran heads its log
+    with runfiles.open_append(run_dir / log_name) as log:  # which command each node ran heads its log
         log.write(f"$ {shlex.join(cmd)}\n")
     previous = _install_handlers(tuple(dict.fromkeys((*stop_signals, *INTERRUPT_SIGNALS))), on_signal)
     start = time.monotonic()
@@ -199,7 +200,7 @@ class PointProcesses:
 def rank_errors(run_dir: Path) -> list[dict]:
     """The error files the ranks left (error.rank<R>.json), in rank order."""
     errors = []
-    for path in sorted(run_dir.glob("error.rank*.json")):
+    for path in sorted(run_dir.glob(runfiles.RANK_ERRORS)):
         try:
             errors.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
@@ -225,7 +226,7 @@ def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wa
         return "died", result.peer_failure
     if errors:
         return "died", f"rank {errors[0].get('rank')}: {errors[0]['message']}"
-    return "died", _failure_from_log(run_dir / LOG_FILE) or f"torchrun exit code {result.returncode}"
+    return "died", _failure_from_log(run_dir / runfiles.LOG) or f"torchrun exit code {result.returncode}"
 
 
 OOM_FACTS = ("rank", "step", "phase", "stage", "requested_bytes", "free_bytes", "limit_bytes", "reserved_bytes",

@@ -16,8 +16,8 @@ import pickle
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-SNAPSHOT_FILE = "memory_snapshot.pickle"
-TRACE_FILE = "memory_trace.json"
+from harness import runfiles
+
 MAX_ENTRIES = 500_000           # allocator actions kept; beyond it torch drops the oldest
 GROWTH_ACTIONS = ("segment_alloc", "segment_map")     # new device memory (cudaMalloc, or expandable mapping)
 SHRINK_ACTIONS = ("segment_free", "segment_unmap")
@@ -35,17 +35,17 @@ def stop_and_write(run_dir: Path, device) -> dict:
     """Snapshot, stop recording, write both files; returns the summary."""
     import torch
 
-    from harness.sinks import write_json_atomic
-
     snapshot = torch.cuda.memory._snapshot(device)
     torch.cuda.memory._record_memory_history(enabled=None, device=device)
-    tmp = run_dir / f"{SNAPSHOT_FILE}.tmp"
-    with open(tmp, "wb") as handle:
-        pickle.dump(snapshot, handle)
-    os.replace(tmp, run_dir / SNAPSHOT_FILE)
+    runfiles.write_atomic(run_dir / runfiles.MEMORY_SNAPSHOT, lambda tmp: _pickle_to(tmp, snapshot))
     summary = summarize(snapshot, torch.device(device).index or 0)
-    write_json_atomic(run_dir / TRACE_FILE, summary)
+    runfiles.write_json(run_dir / runfiles.MEMORY_TRACE, summary)
     return summary
+
+
+def _pickle_to(path: Path, obj: Any) -> None:
+    with open(path, "wb") as handle:  # streamed: a snapshot can be larger than a second copy of it in memory
+        pickle.dump(obj, handle)
 
 
 def torch_package_dir() -> str:

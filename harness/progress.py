@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from harness.sinks import STEPS_FILE
-from harness.worker import WORKER_FILE  # the ranks' facts, with the steps where a phase begins
+from harness import runfiles
 
 
 class StallWatch:
@@ -20,8 +19,8 @@ class StallWatch:
 
     def __init__(self, run_dir: Path, stall_timeout_s: float, steps_wanted: int,
                  clock: Callable[[], float] = time.monotonic):
-        self._steps_path = Path(run_dir) / STEPS_FILE
-        self._facts_path = Path(run_dir) / WORKER_FILE
+        self._steps_path = Path(run_dir) / runfiles.STEPS
+        self._facts_path = Path(run_dir) / runfiles.WORKER  # the ranks' facts, with the steps where a phase begins
         self._stall_timeout_s = stall_timeout_s
         self._steps_wanted = steps_wanted
         self._clock = clock

@@ -25,15 +25,15 @@ dirnames.register()  # conf/hydra/default.yaml names the point folders with it
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness import arms, cluster, emulated_device, launch, progress  # noqa: E402
+from harness import arms, cluster, emulated_device, launch, progress, runfiles  # noqa: E402
 from harness.checks import is_finite_number  # noqa: E402
 from harness.envinfo import collect_env  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.metrics import summarize_phases  # noqa: E402
-from harness.sinks import (STEPS_FILE, SUMMARY_FILE, SweepIndexCallback, mirror_to_wandb, read_jsonl,  # noqa: E402
-                           write_json_atomic)
+from harness.runfiles import read_jsonl, write_atomic, write_json  # noqa: E402
+from harness.sinks import SweepIndexCallback, mirror_to_wandb  # noqa: E402
+from harness.units import GB  # noqa: E402
 from harness.validate import check_group_choices, validate  # noqa: E402
-from harness.worker import WORKER_FILE  # noqa: E402
 
 CONFIG_ERROR_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
@@ -86,7 +86,7 @@ def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str
     it to run_dir/summary.json; every node of a multi-node point runs this)."""
     env = collect_env(config)
     if place.primary:
-        write_json_atomic(run_dir / "env.json", env)
+        write_json(run_dir / runfiles.ENV, env)
     arm = arms.from_config(config["arm"])
     gpus = _gpu_count()
     if arm.needs_cuda and not gpus:
@@ -97,18 +97,18 @@ def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str
     multinode = launcher["nnodes"] > 1
     stall = progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None
     result = launch.run_workers(
-        cmd, worker_env, run_dir, launcher["timeout_s"], log_name=cluster.log_name(place),
+        cmd, worker_env, run_dir, launcher["timeout_s"], log_name=runfiles.node_log(place.node_rank),
         stop_signals=cluster.stop_signals(), name_stop=lambda signum: cluster.stop_status(signum, place, time.time()),
         peer_failure=cluster.peer_failure_watch(run_dir, place) if multinode else None, stall=stall)
     if multinode and result.returncode != 0 and not (result.peer_failure or result.stopped_as or result.timed_out):
         cluster.write_node_failure(run_dir, place, result.returncode)  # the other nodes stop at once
-    rows = read_jsonl(run_dir / STEPS_FILE)
+    rows = read_jsonl(run_dir / runfiles.STEPS)
     status, reason = launch.classify(result, run_dir, len(rows), steps)
-    facts_path = run_dir / WORKER_FILE
+    facts_path = run_dir / runfiles.WORKER
     facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
     if facts and place.primary:  # the ranks know the world they ran in
         env.update(world_size=facts["world_size"], hostnames=facts["hostnames"])
-        write_json_atomic(run_dir / "env.json", env)
+        write_json(run_dir / runfiles.ENV, env)
     oom = launch.oom_facts(run_dir) if status == "oom" else None
     return build_summary(config, status, reason, rows, result.wall_time_s, facts, oom)
 
@@ -124,7 +124,7 @@ def print_phase_table(summary: dict) -> None:
         fmt = lambda v, w, d: f"{v:>{w}.{d}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
         print(f"{p['phase']:>5} {p['first_step']:>2}-{p['last_step']:<2} {p['n']:>3} {fmt(p['compile_time_s'], 9, 3)}"
               f" {fmt(t['median'], 9, 4)} {fmt(t['p25'], 8, 4)} {fmt(t['p75'], 8, 4)} {fmt(tok, 10, 0)}"
-              f" {fmt(resv and resv / 1e9, 12, 2)}")
+              f" {fmt(resv and resv / GB, 12, 2)}")
 
 
 def drive(cfg: DictConfig) -> str:
@@ -157,7 +157,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, multi
         start_attempt(run_dir, cfg)
     config = OmegaConf.to_container(cfg, resolve=True)
     if place.primary:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
+        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
     try:
         validate(config, _gpu_count())
         emulated_device.check(config["env"], _device_total_bytes())
@@ -165,8 +165,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, multi
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         if place.primary:
-            write_json_atomic(run_dir / SUMMARY_FILE,
-                              build_summary(config, "config_error", str(error), [], 0.0, {}))
+            write_json(run_dir / runfiles.SUMMARY, build_summary(config, "config_error", str(error), [], 0.0, {}))
         if not multirun:
             sys.exit(CONFIG_ERROR_EXIT_CODE)
         return "config_error"
@@ -174,10 +173,10 @@ def record_point(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, multi
     summary = run_point(config, run_dir, place)
     if not place.primary:
         return summary["status"]
-    write_json_atomic(run_dir / SUMMARY_FILE, summary)
+    write_json(run_dir / runfiles.SUMMARY, summary)
     if config["logger"]["name"] == "wandb":
-        env = json.loads((run_dir / "env.json").read_text())
-        mirror_to_wandb(run_dir, config["logger"], config, read_jsonl(run_dir / STEPS_FILE), summary, env,
+        env = json.loads((run_dir / runfiles.ENV).read_text())
+        mirror_to_wandb(run_dir, config["logger"], config, read_jsonl(run_dir / runfiles.STEPS), summary, env,
                         group=config["sweep"]["name"])
     print_phase_table(summary)
     if summary["status"] == "preempted" and config["launcher"].get("requeue") and cluster.requeue_job(place):
@@ -191,15 +190,14 @@ def start_attempt(run_dir: Path, cfg: DictConfig) -> None:
     over the earlier attempt's copy)."""
     from hydra.core.hydra_config import HydraConfig
 
-    earlier = cluster.set_aside_previous_attempt(run_dir)
+    earlier = runfiles.set_aside_previous_attempt(run_dir)
     if earlier is not None:
         print(f"{run_dir} held an earlier attempt: its files are now in {earlier}")
     hydra_root = HydraConfig.instance().cfg
-    hydra_dir = run_dir / ".hydra"
-    hydra_dir.mkdir(exist_ok=True)
-    for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_root),
-                       ("overrides.yaml", hydra_root.hydra.overrides.task)):
-        (hydra_dir / name).write_text(OmegaConf.to_yaml(node))
+    (run_dir / runfiles.HYDRA_DIR).mkdir(exist_ok=True)
+    for name, node in ((runfiles.HYDRA_CONFIG, cfg), (runfiles.HYDRA_SETTINGS, hydra_root),
+                       (runfiles.OVERRIDES, hydra_root.hydra.overrides.task)):
+        write_atomic(run_dir / name, OmegaConf.to_yaml(node))
 
 
 def traceback_last_line(error: BaseException) -> str:
@@ -209,12 +207,12 @@ def traceback_last_line(error: BaseException) -> str:
 
 def record_failure(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, status: str, reason: str) -> str:
     """Record a point that the driver could not finish, unless this attempt already has its summary."""
-    summary_path = run_dir / SUMMARY_FILE
+    summary_path = run_dir / runfiles.SUMMARY
     if place.primary and run_dir.is_dir() and not summary_path.exists():
         config = OmegaConf.to_container(cfg)  # unresolved: resolving may be what failed
-        if not (run_dir / "config.yaml").exists():
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-        write_json_atomic(summary_path, build_summary(config, status, reason, read_jsonl(run_dir / STEPS_FILE), 0.0, {}))
+        if not (run_dir / runfiles.CONFIG).exists():
+            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(cfg))
+        write_json(summary_path, build_summary(config, status, reason, read_jsonl(run_dir / runfiles.STEPS), 0.0, {}))
     print(f"status: {status} ({reason})", file=sys.stderr)
     return status
 

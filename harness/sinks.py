@@ -1,53 +1,13 @@
-"""Where results go: steps.jsonl and summary.json (the source of truth), the W&B mirror, the sweep index."""
+"""Where a point's results go beyond its run dir: the W&B mirror and the sweep's index."""
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
-STEPS_FILE, SUMMARY_FILE, INDEX_FILE = "steps.jsonl", "summary.json", "index.jsonl"
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON so a reader never sees half a file (write a sibling temp file, then rename). The temp file is
-    opened like any other run file (not mkstemp's 0600), so every run file gets the same mode."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "x") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file; a torn last line (a worker killed mid-write) is dropped."""
-    rows = []
-    if not Path(path).exists():
-        return rows
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
-class StepWriter:
-    """Rank 0's steps.jsonl: one row per optimizer step, flushed at once so a crash keeps every step."""
-
-    def __init__(self, run_dir: Path):
-        self._file = open(Path(run_dir) / STEPS_FILE, "a")
-
-    def write(self, row: dict) -> None:
-        self._file.write(json.dumps(row, sort_keys=True) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
+from harness import runfiles
 
 
 def flat_summary(summary: dict) -> dict[str, Any]:
@@ -93,13 +53,13 @@ def index_line(sweep_dir: Path, run_dir: Path) -> dict[str, Any] | None:
     """The sweep index entry of one run dir, or None when it has no summary yet."""
     import yaml
 
-    summary_path = Path(run_dir) / SUMMARY_FILE
+    summary_path = Path(run_dir) / runfiles.SUMMARY
     if not summary_path.exists():
         return None
     summary = json.loads(summary_path.read_text())
-    overrides_path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    overrides_path = Path(run_dir) / runfiles.OVERRIDES
     overrides = yaml.safe_load(overrides_path.read_text()) if overrides_path.exists() else []
-    config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    config = runfiles.read_config(run_dir)
     final = summary.get("final") or {}
     return {
         "run_dir": str(Path(run_dir).relative_to(sweep_dir)),
@@ -118,16 +78,14 @@ def write_sweep_index(sweep_dir: Path) -> Path:
     """(Re)build index.jsonl from every run dir under a sweep dir: one line per point, in job order."""
     sweep_dir = Path(sweep_dir)
     lines = [line for d in iter_run_dirs(sweep_dir) if (line := index_line(sweep_dir, d)) is not None]
-    path = sweep_dir / INDEX_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
-    os.replace(tmp, path)
+    path = sweep_dir / runfiles.INDEX
+    runfiles.write_atomic(path, "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
     return path
 
 
 def iter_run_dirs(sweep_dir: Path) -> list[Path]:
     """Run dirs of a sweep (those with a summary), in Hydra job order."""
-    return sorted((p.parent for p in Path(sweep_dir).glob(f"*/{SUMMARY_FILE}")), key=job_order)
+    return sorted((p.parent for p in Path(sweep_dir).glob(f"*/{runfiles.SUMMARY}")), key=job_order)
 
 
 def job_order(run_dir: str | Path) -> tuple[int, str]:

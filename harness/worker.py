@@ -7,7 +7,6 @@ optimizer step and writes worker.json; any rank that fails writes error.rank<R>.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -21,21 +20,15 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as dist
 
-from harness import arms, emulated_device, models
-from harness.budget import GB, resolve_budget_bytes
+from harness import arms, emulated_device, models, runfiles
+from harness.budget import resolve_budget_bytes
 from harness.diagnostics import StepDiagnostics
 from harness.metrics import OFFLOAD_COUNTERS, OFFLOAD_GAUGES, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
-from harness.sinks import StepWriter, write_json_atomic
+from harness.runfiles import StepWriter, write_json
+from harness.units import GB
 
 OOM_EXIT_CODE = 3
-WORKER_FILE = "worker.json"
-SHARED_DEVICE_WARN_BYTES = 2 * 10**9  # a CUDA context takes ~0.5 GB; more than this means a neighbour
-
-
-def load_config(run_dir: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+SHARED_DEVICE_WARN_BYTES = 2 * GB  # a CUDA context takes ~0.5 GB; more than this means a neighbour
 
 
 def synchronize(device: torch.device) -> None:
@@ -157,7 +150,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
     monitor = MemoryMonitor(device, emulated_device.apply(cfg["env"], device, physical_total_bytes(device)))
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
-        print(f"worker: rank {rank}: {outside / 1e9:.1f} GB of device memory in use outside this process before "
+        print(f"worker: rank {rank}: {outside / GB:.1f} GB of device memory in use outside this process before "
               "the model exists: another job shares the GPU; timings and DeepCompile's memory profile (which adds "
               "that memory to every node) are skewed", flush=True)
     arm = arms.from_config(cfg["arm"])
@@ -183,7 +176,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
              "used_outside_torch_bytes_at_start": outside}
     writer = StepWriter(run_dir) if rank == 0 else None
     if rank == 0:
-        write_json_atomic(run_dir / WORKER_FILE, facts)
+        write_json(run_dir / runfiles.WORKER, facts)
 
     generator = torch.Generator().manual_seed(train["seed"] * 1000 + rank)
     counters = OffloadCounters(arm.offload_counter_reader())
@@ -224,9 +217,9 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
             print(progress_line(record, train["steps"]), flush=True)
 
     if rank == 0:
-        write_json_atomic(run_dir / WORKER_FILE,
-                          {**facts, "planned_offload_bytes": arm.planned_offload_bytes(),
-                           "predicted_peak_bytes": arm.predicted_peak_bytes()})
+        write_json(run_dir / runfiles.WORKER,
+                   {**facts, "planned_offload_bytes": arm.planned_offload_bytes(),
+                    "predicted_peak_bytes": arm.predicted_peak_bytes()})
         writer.close()
     dist.barrier()
     print(f"worker: rank {rank} finished {train['steps']} steps", flush=True)
@@ -244,16 +237,15 @@ def progress_line(record: dict, steps: int) -> str:
     """The console's one line per step (the driver echoes lines that start with 'step ')."""
     mem = ""
     if record.get("peak_reserved_bytes") is not None:
-        mem = f" | mem {record['peak_allocated_bytes'] / 1e9:.1f}/{record['peak_reserved_bytes'] / 1e9:.1f} GB"
+        mem = f" | mem {record['peak_allocated_bytes'] / GB:.1f}/{record['peak_reserved_bytes'] / GB:.1f} GB"
     return (f"step {record['step'] + 1}/{steps} phase {record['phase']} | {record['step_time_s']:.3f} s"
             f" | loss {record['loss']:.4f} | {record['tokens_per_s']:,.0f} tok/s{mem}")
 
 
 def write_error(run_dir: Path, kind: str, error: BaseException, details: dict | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
-    write_json_atomic(run_dir / f"error.rank{rank}.json",
-                      {"kind": kind, "rank": rank, "message": f"{type(error).__name__}: {error}"[:2000],
-                       **(details or {})})
+    write_json(run_dir / runfiles.rank_error(rank),
+               {"kind": kind, "rank": rank, "message": f"{type(error).__name__}: {error}"[:2000], **(details or {})})
 
 
 def oom_details(error: BaseException, position: Position, env_cfg: dict) -> dict:
@@ -273,7 +265,7 @@ def oom_details(error: BaseException, position: Position, env_cfg: dict) -> dict
 
 def main(argv: list[str] | None = None) -> None:
     run_dir = Path((argv or sys.argv[1:])[0])
-    cfg = load_config(run_dir)
+    cfg = runfiles.read_config(run_dir)
     position = Position()
     try:
         run(cfg, run_dir, position)

@@ -17,3 +17,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def run_file_mode() -> int:
+    """The mode every run file gets under this process's umask (0644 under the usual 022)."""
+    from harness.runfiles import RUN_FILE_MODE
+
+    umask = os.umask(0)
+    os.umask(umask)
+    return RUN_FILE_MODE & ~umask

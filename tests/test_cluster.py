@@ -16,7 +16,7 @@ import pytest
 
 from harness import arms, cluster, launch
 from harness.errors import ConfigError
-from harness.sinks import read_jsonl
+from harness.runfiles import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAST = ["model=tiny", "train.steps=3", "train.seq_len=32", "logger=none"]
@@ -151,21 +151,6 @@ def test_a_failed_peer_node_ends_this_node_as_died_at_once(tmp_path):
     assert result.wall_time_s < 30 and not result.timed_out
     status, reason = launch.classify(result, tmp_path, 1, 5)
     assert status == "died" and reason.startswith("node 1 (") and "exit code -9" in reason
-
-
-def test_a_requeued_point_sets_its_earlier_attempt_aside(tmp_path):
-    assert cluster.set_aside_previous_attempt(tmp_path) is None
-    for name in ("steps.jsonl", "summary.json", "worker.log", "error.rank3.json", "config.yaml"):
-        (tmp_path / name).write_text(name)
-    (tmp_path / "wandb").mkdir()
-    (tmp_path / ".hydra").mkdir()
-    first = cluster.set_aside_previous_attempt(tmp_path)
-    assert first == tmp_path / "attempts" / "0"
-    assert sorted(p.name for p in first.iterdir()) == [".hydra", "config.yaml", "error.rank3.json", "steps.jsonl",
-                                                        "summary.json", "wandb", "worker.log"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts"]  # the attempt is kept whole
-    (tmp_path / "config.yaml").write_text("a config error leaves only its config and summary")
-    assert cluster.set_aside_previous_attempt(tmp_path) == tmp_path / "attempts" / "1"
 
 
 # --- the plan -------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import yaml
 from analysis.load import is_design_column, load_sweep
 from analysis.tables import failed_statuses
 from harness.metrics import quartiles
-from harness.sinks import flat_summary, mirror_to_wandb, read_jsonl
+from harness.runfiles import read_jsonl
+from harness.sinks import flat_summary, mirror_to_wandb
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAST = ["model=tiny", "train.steps=4", "train.seq_len=32"]
@@ -37,11 +38,15 @@ def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, timeout
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env or DRIVER_ENV)
 
 
+def file_modes(run_dir: Path) -> dict[str, int]:
+    return {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir() if p.is_file()}
+
+
 def load(run_dir: Path):
     return read_jsonl(run_dir / "steps.jsonl"), json.loads((run_dir / "summary.json").read_text())
 
 
-def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path):
+def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     proc = harness_run(tmp_path, "logger=wandb", "arm.phase_starts=[0,2]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "run"
@@ -62,10 +67,9 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path):
     assert env["world_size"] == 1 and env["pytorch_cuda_alloc_conf"] == "expandable_segments:True"
     assert "git_sha" in env and env["torch"]
     assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb")), "the driver's offline W&B run file"
-    (tmp_path / "plain").write_text("")  # the mode any file opened for writing gets here (0644 under umask 022)
-    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir() if p.is_file()}
-    assert {"summary.json", "env.json", "worker.json", "steps.jsonl"} <= set(modes)
-    assert set(modes.values()) == {stat.S_IMODE((tmp_path / "plain").stat().st_mode)}, modes
+    modes = file_modes(run_dir)
+    assert {"config.yaml", "summary.json", "env.json", "worker.json", "steps.jsonl", "worker.log"} <= set(modes)
+    assert set(modes.values()) == {run_file_mode}, modes
     # The W&B mirror, re-run in-process on the same files, is given the same final medians.
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     (tmp_path / "again").mkdir()
@@ -209,7 +213,7 @@ def test_a_sweep_point_with_30_overrides_gets_a_folder_name_that_fits(tmp_path):
         assert config["train"]["lr"] == lr and config["offload"]["margin"] == 0.25
 
 
-def test_two_rank_gloo_run(tmp_path):
+def test_two_rank_gloo_run(tmp_path, run_file_mode):
     # rank 0 profiles step 2; the memory trace and the reserved cap need CUDA: on CPU each is skipped with a line,
     # and the run goes on. The cap is set when the last phase the run reaches begins, also when a later phase
     # start lies past the run's end.
@@ -231,6 +235,7 @@ def test_two_rank_gloo_run(tmp_path):
     ops_text = (tmp_path / "run" / "torch_ops.txt").read_text()
     assert "operators by self_cpu_time_total" in ops_text and "Self CPU" in ops_text
     assert "self_device_time_total" not in ops_text  # no device table without CUDA
+    assert set(file_modes(tmp_path / "run").values()) == {run_file_mode}  # the profiler's trace too
 
 
 @pytest.mark.gpu

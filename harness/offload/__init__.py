@@ -8,9 +8,10 @@ predicted_peak_bytes()                              the step's peak allocated by
 """
 from __future__ import annotations
 
-from harness.budget import BUDGET_FRACTION, BUDGET_GB, GB, MARGIN, check_budget_keys
+from harness.budget import BUDGET_FRACTION, BUDGET_GB, MARGIN, check_budget_keys
 from harness.checks import Choice, Number, check_keys
 from harness.errors import ConfigError
+from harness.units import GB
 
 __all__ = ["check_config", "check_knobs", "install", "counters", "planned_offload_bytes", "predicted_peak_bytes"]
 
@@ -156,7 +157,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
     runtime.gated = True
     if offload_cfg["evict_from"] == "start":
         moved = runtime.evict_from_start(lambda: discover_tasks(optimizer))
-        print(f"offload: {len(runtime.slots)} optimizer states ({moved / 1e9:.2f} GB) moved to the host before "
+        print(f"offload: {len(runtime.slots)} optimizer states ({moved / GB:.2f} GB) moved to the host before "
               "step 0 (offload.evict_from=start)", flush=True)
     compile_schedule = schedule.build_schedule()
     offload_pass = OffloadPass(

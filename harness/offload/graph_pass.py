@@ -32,7 +32,6 @@ Both passes change the graph in place and return None, so DeepCompile does not r
 """
 from __future__ import annotations
 
-import json
 import logging
 import operator
 import os
@@ -43,6 +42,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from harness import runfiles
 from harness.offload import ops
 from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device, plan_to_json
 from harness.offload.runtime import OffloadRuntime
@@ -305,14 +305,6 @@ def _memory_records(profiling_results, graph_id: int, bwd: bool) -> tuple[list, 
 # ---------------------------------------------------------------- run-dir files
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
 class PlanFiles:
     """profile.json (the latest profile, the planner CLI's input) and plan.json: the plan itself, or, once a
     run has planned in more than one phase, an object keyed by phase number."""
@@ -324,9 +316,9 @@ class PlanFiles:
     def write(self, phase: int, profile: dict, plan: dict) -> None:
         os.makedirs(self.run_dir, exist_ok=True)
         self._plans[phase] = plan
-        _write_atomic(os.path.join(self.run_dir, "profile.json"), json.dumps(profile, sort_keys=True, indent=2))
+        runfiles.write_json(os.path.join(self.run_dir, runfiles.PROFILE), profile)
         body = plan if len(self._plans) == 1 else {str(key): value for key, value in sorted(self._plans.items())}
-        _write_atomic(os.path.join(self.run_dir, "plan.json"), plan_to_json(body))
+        runfiles.write_atomic(os.path.join(self.run_dir, runfiles.PLAN), plan_to_json(body) + "\n")
 
 
 # ---------------------------------------------------------------- the passes

@@ -69,13 +69,11 @@ import json
 import math
 import sys
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from harness.budget import GB
 from harness.errors import ConfigError
-from harness.offload.profile import Node, Profile, Task, byte_count, expect, load_profile, parse_profile
+from harness.offload.profile import Profile, Task, byte_count, expect, load_profile, parse_profile
+from harness.units import GB
 
 RELOAD_POLICIES = ("asap", "at_end")
 RELEASE_POLICIES = ("recorded", "ordered")
