@@ -25,7 +25,8 @@ dirnames.register()  # conf/hydra/default.yaml names the point folders with it
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness import arms, cluster, emulated_device, launch, progress, runfiles  # noqa: E402
+from harness import arms, emulated_device, estimate, launch, progress, runfiles  # noqa: E402
+from harness.cluster import nodes, stops  # noqa: E402
 from harness.checks import is_finite_number  # noqa: E402
 from harness.envinfo import collect_env  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
@@ -37,7 +38,6 @@ from harness.validate import check_group_choices, validate  # noqa: E402
 
 CONFIG_ERROR_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
-PLAN_ONLY = "plan_only=true"  # on the command line: print the sweep's plan instead of running it
 
 
 def build_summary(config: dict, status: str, reason: str | None, rows: list[dict], wall_time_s: float,
@@ -81,7 +81,7 @@ def _device_total_bytes() -> int | None:
     return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
 
-def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str, Any]:
+def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, Any]:
     """Launch this node's ranks of one validated point and return the point's summary (node 0 writes
     it to run_dir/summary.json; every node of a multi-node point runs this)."""
     env = collect_env(config)
@@ -92,16 +92,16 @@ def run_point(config: dict, run_dir: Path, place: cluster.NodePlace) -> dict[str
     if arm.needs_cuda and not gpus:
         return build_summary(config, "skipped", f"arm {arm.name} needs CUDA; this machine has no GPU", [], 0.0, {})
 
-    cmd, worker_env = cluster.node_command(config, run_dir, place)
+    cmd, worker_env = nodes.node_command(config, run_dir, place)
     launcher, steps = config["launcher"], config["train"]["steps"]
     multinode = launcher["nnodes"] > 1
     stall = progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None
     result = launch.run_workers(
         cmd, worker_env, run_dir, launcher["timeout_s"], log_name=runfiles.node_log(place.node_rank),
-        stop_signals=cluster.stop_signals(), name_stop=lambda signum: cluster.stop_status(signum, place, time.time()),
-        peer_failure=cluster.peer_failure_watch(run_dir, place) if multinode else None, stall=stall)
+        stop_signals=stops.stop_signals(), name_stop=lambda signum: stops.stop_status(signum, place, time.time()),
+        peer_failure=stops.peer_failure_watch(run_dir, place) if multinode else None, stall=stall)
     if multinode and result.returncode != 0 and not (result.peer_failure or result.stopped_as or result.timed_out):
-        cluster.write_node_failure(run_dir, place, result.returncode)  # the other nodes stop at once
+        stops.write_node_failure(run_dir, place, result.returncode)  # the other nodes stop at once
     rows = read_jsonl(run_dir / runfiles.STEPS)
     status, reason = launch.classify(result, run_dir, len(rows), steps)
     facts_path = run_dir / runfiles.WORKER
@@ -136,7 +136,7 @@ def drive(cfg: DictConfig) -> str:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    place = cluster.this_node(nnodes=OmegaConf.select(cfg, "launcher.nnodes", throw_on_resolution_failure=False))
+    place = nodes.this_node(nnodes=OmegaConf.select(cfg, "launcher.nnodes", throw_on_resolution_failure=False))
     try:
         status = record_point(cfg, run_dir, place, multirun)
     except KeyboardInterrupt:  # Ctrl-C outside the ranks' run (run_workers handles it there)
@@ -151,7 +151,7 @@ def drive(cfg: DictConfig) -> str:
     return status
 
 
-def record_point(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, multirun: bool) -> str:
+def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, multirun: bool) -> str:
     """Validate, run and record one point (node 0 records it); returns its status."""
     if place.primary:
         start_attempt(run_dir, cfg)
@@ -161,7 +161,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, multi
     try:
         validate(config, _gpu_count())
         emulated_device.check(config["env"], _device_total_bytes())
-        cluster.check_allocation(config["launcher"], place)
+        nodes.check_allocation(config["launcher"], place)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         if place.primary:
@@ -179,7 +179,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, multi
         mirror_to_wandb(run_dir, config["logger"], config, read_jsonl(run_dir / runfiles.STEPS), summary, env,
                         group=config["sweep"]["name"])
     print_phase_table(summary)
-    if summary["status"] == "preempted" and config["launcher"].get("requeue") and cluster.requeue_job(place):
+    if summary["status"] == "preempted" and config["launcher"].get("requeue") and stops.requeue_job(place):
         sys.exit(os.EX_TEMPFAIL)  # SLURM runs the job again; submitit waits for it instead of a result
     return summary["status"]
 
@@ -205,7 +205,7 @@ def traceback_last_line(error: BaseException) -> str:
     return traceback.format_exception_only(error)[-1].strip().splitlines()[0]
 
 
-def record_failure(cfg: DictConfig, run_dir: Path, place: cluster.NodePlace, status: str, reason: str) -> str:
+def record_failure(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, status: str, reason: str) -> str:
     """Record a point that the driver could not finish, unless this attempt already has its summary."""
     summary_path = run_dir / runfiles.SUMMARY
     if place.primary and run_dir.is_dir() and not summary_path.exists():
@@ -232,13 +232,14 @@ def hydra_app(cfg: DictConfig) -> str:
 
 def main() -> None:
     """Console entry: reject unknown group options in one line, then hand the command line to Hydra
-    (or, with plan_only=true, print the plan of the points without launching anything)."""
+    (or, with estimate_only=true, print the sweep's memory estimate without launching anything)."""
     args = sys.argv[1:]
     try:
         check_group_choices(args, REPO_ROOT)
-        if PLAN_ONLY in args:
+        if estimate.requested(args):
             multirun = "-m" in args or "--multirun" in args
-            cluster.print_plan([a for a in args if a not in (PLAN_ONLY, "-m", "--multirun")], multirun)
+            overrides = [a for a in args if a not in (estimate.ESTIMATE_ONLY, "-m", "--multirun")]
+            estimate.print_estimate(overrides, multirun)
             return
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)

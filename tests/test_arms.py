@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from analysis import capacity, plots, tables
 from harness import arms
 from harness.arms.registry import TARGET
-from harness.cluster import compose_point
+from harness.compose import compose_point
 from harness.errors import ConfigError
 from harness.validate import validate
 

@@ -1,5 +1,5 @@
 """Cluster scale without a cluster: SLURM's environment faked, submitit's local executor, torchrun's c10d
-rendezvous on localhost, two drivers as the two nodes of one point, the plan and the sbatch script."""
+rendezvous on localhost, two drivers as the two nodes of one point, and the sbatch script."""
 import json
 import os
 import re
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import arms, cluster, launch
+from harness import compose, launch
+from harness.cluster import nodes, preview, stops
 from harness.errors import ConfigError
 from harness.runfiles import read_jsonl
 
@@ -41,7 +42,7 @@ def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, **slurm
 
 
 def free_port() -> int:
-    return cluster.rendezvous_port({"nnodes": 1}, cluster.NodePlace(0, 1, ("localhost",)))
+    return nodes.rendezvous_port({"nnodes": 1}, nodes.NodePlace(0, 1, ("localhost",)))
 
 
 # --- the SLURM environment -----------------------------------------------------------------------------
@@ -53,20 +54,20 @@ def free_port() -> int:
     ("node7", ["node7"]),
 ])
 def test_nodelist_expands_like_scontrol(nodelist, hosts):
-    assert cluster.expand_nodelist(nodelist) == hosts
+    assert nodes.expand_nodelist(nodelist) == hosts
 
 
 def test_this_node_reads_the_slurm_job():
-    place = cluster.this_node({"SLURM_JOB_ID": "981", "SLURM_JOB_NODELIST": "gpu[11-12]", "SLURM_JOB_NUM_NODES": "2",
+    place = nodes.this_node({"SLURM_JOB_ID": "981", "SLURM_JOB_NODELIST": "gpu[11-12]", "SLURM_JOB_NUM_NODES": "2",
                                "SLURM_NODEID": "1", "SLURM_ARRAY_JOB_ID": "975", "SLURM_ARRAY_TASK_ID": "6",
                                "SLURM_RESTART_COUNT": "2", "SLURM_JOB_END_TIME": "1700000000"})
     assert (place.node_rank, place.nnodes, place.hosts) == (1, 2, ("gpu11", "gpu12"))
     assert (place.job_id, place.requeue_id, place.attempt, place.end_time) == ("981", "975_6", 2, 1.7e9)
     assert not place.primary
-    single_node_point = cluster.this_node({"SLURM_JOB_ID": "981", "SLURM_JOB_NODELIST": "gpu[11-12]",
+    single_node_point = nodes.this_node({"SLURM_JOB_ID": "981", "SLURM_JOB_NODELIST": "gpu[11-12]",
                                            "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}, nnodes=1)
     assert single_node_point.primary and single_node_point.job_id == "981"  # records itself, keeps SLURM facts
-    alone = cluster.this_node({})
+    alone = nodes.this_node({})
     assert alone.primary and alone.nnodes == 1 and alone.job_id is None
 
 
@@ -75,49 +76,49 @@ def test_every_node_of_a_job_gets_the_same_rendezvous_on_the_first_host():
                 "rdzv_endpoint": None, "dist_timeout_min": 10}
     commands = []
     for node_rank in (0, 1):
-        place = cluster.this_node(cluster.job_environment(["gpu01", "gpu02"], node_rank, "123456"))
-        commands.append(launch.torchrun_command(Path("RUN"), cluster.launcher_for_node(launcher, place)))
+        place = nodes.this_node(preview.job_environment(["gpu01", "gpu02"], node_rank, "123456"))
+        commands.append(launch.torchrun_command(Path("RUN"), nodes.launcher_for_node(launcher, place)))
     assert commands[0] == commands[1]
     assert "--rdzv_endpoint=gpu01:30956" in commands[0]  # 29500 + 123456 % 2000
     assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=c10d", "--rdzv_id=123456",
             "--rdzv_conf=join_timeout=600"} <= set(commands[0])
     assert "--standalone" not in commands[0]
-    pinned = cluster.launcher_for_node({**launcher, "rdzv_port": 4321}, place)
+    pinned = nodes.launcher_for_node({**launcher, "rdzv_port": 4321}, place)
     assert pinned["rdzv_endpoint"] == "gpu01:4321"
 
 
 def test_one_node_points_stay_standalone_or_take_a_free_localhost_port():
-    alone = cluster.NodePlace(0, 1, ("host",))
+    alone = nodes.NodePlace(0, 1, ("host",))
     standalone = {"nproc_per_node": 2, "nnodes": 1, "rdzv_backend": None}
-    assert "--standalone" in launch.torchrun_command(Path("RUN"), cluster.launcher_for_node(standalone, alone))
-    first, second = (cluster.launcher_for_node({**standalone, "rdzv_backend": "c10d"}, alone) for _ in range(2))
+    assert "--standalone" in launch.torchrun_command(Path("RUN"), nodes.launcher_for_node(standalone, alone))
+    first, second = (nodes.launcher_for_node({**standalone, "rdzv_backend": "c10d"}, alone) for _ in range(2))
     assert first["rdzv_endpoint"].startswith("localhost:") and first["rdzv_endpoint"] != second["rdzv_endpoint"]
 
 
 @pytest.mark.parametrize("launcher,place,key", [
-    ({"nnodes": 2, "rdzv_backend": "c10d"}, cluster.NodePlace(0, 1, ("h",)), "launcher.nnodes"),
-    ({"nnodes": 2, "rdzv_backend": "c10d"}, cluster.NodePlace(0, 3, ("a", "b", "c"), job_id="5"), "launcher.nnodes"),
-    ({"nnodes": 2, "rdzv_backend": None}, cluster.NodePlace(0, 2, ("a", "b"), job_id="5"), "launcher.rdzv_backend"),
-    ({"nnodes": 1, "rdzv_backend": "static"}, cluster.NodePlace(0, 1, ("h",)), "launcher.rdzv_backend"),
+    ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 1, ("h",)), "launcher.nnodes"),
+    ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 3, ("a", "b", "c"), job_id="5"), "launcher.nnodes"),
+    ({"nnodes": 2, "rdzv_backend": None}, nodes.NodePlace(0, 2, ("a", "b"), job_id="5"), "launcher.rdzv_backend"),
+    ({"nnodes": 1, "rdzv_backend": "static"}, nodes.NodePlace(0, 1, ("h",)), "launcher.rdzv_backend"),
 ])
 def test_impossible_allocations_name_their_key(launcher, place, key):
     with pytest.raises(ConfigError) as err:
-        cluster.check_allocation(launcher, place)
+        nodes.check_allocation(launcher, place)
     assert err.value.key == key
-    cluster.check_allocation({**launcher, "nnodes": place.nnodes, "rdzv_backend": "c10d"},
-                             cluster.NodePlace(0, place.nnodes, place.hosts, job_id="5"))
+    nodes.check_allocation({**launcher, "nnodes": place.nnodes, "rdzv_backend": "c10d"},
+                             nodes.NodePlace(0, place.nnodes, place.hosts, job_id="5"))
 
 
 # --- stops, requeue, dead peers -------------------------------------------------------------------------
 
 def test_stop_signal_is_timeout_near_the_time_limit_else_preemption():
-    near = cluster.NodePlace(0, 1, ("h",), job_id="1", end_time=1000.0)
-    assert cluster.stop_status(signal.SIGTERM, near, now=1000.0 - 100) == "timeout"
-    assert cluster.stop_status(signal.SIGUSR2, near, now=1000.0 - 3600) == "preempted"
-    unknown = cluster.NodePlace(0, 1, ("h",), job_id="1")
-    assert cluster.stop_status(signal.SIGUSR2, unknown, now=0) == "timeout"  # submitit's time-limit warning
-    assert cluster.stop_status(signal.SIGTERM, unknown, now=0) == "preempted"
-    assert cluster.stop_signals({"SUBMITIT_PREEMPT_SIGNAL": "USR1"}) == (signal.SIGTERM, signal.SIGUSR1)
+    near = nodes.NodePlace(0, 1, ("h",), job_id="1", end_time=1000.0)
+    assert stops.stop_status(signal.SIGTERM, near, now=1000.0 - 100) == "timeout"
+    assert stops.stop_status(signal.SIGUSR2, near, now=1000.0 - 3600) == "preempted"
+    unknown = nodes.NodePlace(0, 1, ("h",), job_id="1")
+    assert stops.stop_status(signal.SIGUSR2, unknown, now=0) == "timeout"  # submitit's time-limit warning
+    assert stops.stop_status(signal.SIGTERM, unknown, now=0) == "preempted"
+    assert stops.stop_signals({"SUBMITIT_PREEMPT_SIGNAL": "USR1"}) == (signal.SIGTERM, signal.SIGUSR1)
 
 
 def signal_once_handled(signum: int) -> None:
@@ -140,52 +141,17 @@ def test_a_stop_signal_kills_the_ranks_and_names_the_status(tmp_path):
 
 
 def test_a_failed_peer_node_ends_this_node_as_died_at_once(tmp_path):
-    node0 = cluster.NodePlace(0, 2, ("a", "b"), job_id="9", attempt=1)
-    node1 = cluster.NodePlace(1, 2, ("a", "b"), job_id="9", attempt=1)
-    watch = cluster.peer_failure_watch(tmp_path, node0)
-    cluster.write_node_failure(tmp_path, cluster.NodePlace(1, 2, ("a", "b"), job_id="9", attempt=0), -9)
+    node0 = nodes.NodePlace(0, 2, ("a", "b"), job_id="9", attempt=1)
+    node1 = nodes.NodePlace(1, 2, ("a", "b"), job_id="9", attempt=1)
+    watch = stops.peer_failure_watch(tmp_path, node0)
+    stops.write_node_failure(tmp_path, nodes.NodePlace(1, 2, ("a", "b"), job_id="9", attempt=0), -9)
     assert watch() is None  # an earlier attempt's failure is stale
-    threading.Timer(1.0, cluster.write_node_failure, (tmp_path, node1, -9)).start()
+    threading.Timer(1.0, stops.write_node_failure, (tmp_path, node1, -9)).start()
     result = launch.run_workers(SLEEPER, dict(os.environ), tmp_path, timeout_s=60, echo=lambda line: None,
                                 peer_failure=watch)
     assert result.wall_time_s < 30 and not result.timed_out
     status, reason = launch.classify(result, tmp_path, 1, 5)
     assert status == "died" and reason.startswith("node 1 (") and "exit code -9" in reason
-
-
-# --- the plan -------------------------------------------------------------------------------------------
-
-def test_zero3_state_bytes_per_rank():
-    n = 14_768_307_200  # Qwen3-14B (test_config checks the preset's count)
-    states = cluster.model_state_bytes(n, 8, "bf16")
-    assert states["optimizer"] == pytest.approx(22.2e9, rel=0.02)  # PR #8186: fp32 states 22.2 GB per rank
-    assert states["params"] == states["grads"] == states["optimizer"] / 6
-    assert cluster.model_state_bytes(n, 8, "fp32")["optimizer"] == 2 * states["params"] * 2  # no master copy
-    arm = arms.registered()
-    assert cluster.states_on_gpu(arm["zero3"], states) == sum(states.values())
-    assert cluster.states_on_gpu(arm["zero_offload"], states) == cluster.states_on_gpu(arm["ds_offload"], states) \
-        == states["params"] + states["grads"]
-
-
-def test_plan_only_prints_the_pr8186_sweep_and_launches_nothing(tmp_path):
-    cmd = [sys.executable, "-m", "harness.run", "-m", "experiments=pr8186_table", "launcher=slurm",
-           "launcher.gpu_memory_gb=20", "plan_only=true"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=driver_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert list(tmp_path.iterdir()) == []  # no run dir, no sweep dir, nothing recorded
-    rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"^\s*\d+\s+\d+\s+\d+\s", line)]
-    assert len(rows) == 9 * 2
-    seen = set()
-    for index, gpus, nodes, params, grads, optim, on_gpu, fits, *point in rows:
-        assert (gpus, nodes) == ("8", "1")
-        assert float(optim) * 1e9 == pytest.approx(22.2e9, rel=0.02)
-        assert float(params) == float(grads) == pytest.approx(float(optim) / 6, abs=0.01)
-        row = point[0].split("=")[1]
-        keeps_optimizer = row in ("zero3", "dc_z3_only", "dc_default")
-        assert float(on_gpu) == pytest.approx(float(params) + float(grads) + keeps_optimizer * float(optim), abs=0.02)
-        assert fits == ("NO" if keeps_optimizer else "yes")  # 29.5 GB of model states > 20 GB
-        seen.add((row, point[1]))
-    assert {seq for _, seq in seen} == {"train.seq_len=2048", "train.seq_len=2400"} and len(seen) == 18
 
 
 # --- configs: launchers and the untracked site config --------------------------------------------------
@@ -195,24 +161,24 @@ def conf_copy(tmp_path, monkeypatch):
     """A copy of conf/ without any site config, composed instead of the repo's."""
     conf = tmp_path / "conf"
     shutil.copytree(REPO_ROOT / "conf", conf, ignore=shutil.ignore_patterns("local"))
-    monkeypatch.setattr(cluster, "CONF_DIR", conf)
+    monkeypatch.setattr(compose, "CONF_DIR", conf)
     return conf
 
 
 def test_slurm_launcher_composes_without_and_with_a_site_config(conf_copy):
-    cfg = cluster.compose_point(["launcher=slurm", "launcher.nnodes=2"], with_hydra=True)
+    cfg = compose.compose_point(["launcher=slurm", "launcher.nnodes=2"], with_hydra=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher") and cfg.hydra.launcher.partition is None
     assert (cfg.hydra.launcher.nodes, cfg.hydra.launcher.gpus_per_node, cfg.hydra.launcher.tasks_per_node) == (2, 8, 1)
     (conf_copy / "local").mkdir()
     (conf_copy / "local" / "default.yaml").write_text(
         "# @package _global_\nhydra:\n  launcher:\n    partition: h200\n    account: lab\n"
         "    setup: ['source .venv/bin/activate']\nlauncher:\n  gpu_memory_gb: 141\n")
-    site = cluster.compose_point(["launcher=slurm"], with_hydra=True)
+    site = compose.compose_point(["launcher=slurm"], with_hydra=True)
     assert (site.hydra.launcher.partition, site.hydra.launcher.account) == ("h200", "lab")
     assert list(site.hydra.launcher.setup) == ["source .venv/bin/activate"] and site.launcher.gpu_memory_gb == 141
-    override = cluster.compose_point(["launcher=slurm", "hydra.launcher.partition=debug"], with_hydra=True)
+    override = compose.compose_point(["launcher=slurm", "hydra.launcher.partition=debug"], with_hydra=True)
     assert override.hydra.launcher.partition == "debug"  # the command line beats the site config
-    local = cluster.compose_point(["launcher=submitit_local"], with_hydra=True)
+    local = compose.compose_point(["launcher=submitit_local"], with_hydra=True)
     assert local.hydra.launcher._target_.endswith("LocalLauncher") and local.launcher.nproc_per_node == 1
 
 
@@ -231,22 +197,22 @@ def test_readme_shows_the_generated_two_node_job(conf_copy, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     args, shown = readme_job_example()
     overrides = [a for a in args if "=" in a and not a.startswith("--")]
-    generated = cluster.format_job(overrides, "-m" in args, "gpu[01-02]", "123456")
+    generated = preview.format_job(overrides, "-m" in args, "gpu[01-02]", "123456")
     timestamp = re.compile(r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}")
     assert timestamp.sub("TIME", generated).strip() == timestamp.sub("TIME", shown).strip()
-    script, nodes = generated.split("\n\n# the driver of point 0")
+    script, node_part = generated.split("\n\n# the driver of point 0")
     for flag in ("--nodes=2", "--gpus-per-node=8", "--ntasks-per-node=1", "--signal=USR2@120", "--time=90",
                  "--partition=gpu", "--account=my_account", "--cpus-per-task=96", "--mem=512GB"):
         assert f"#SBATCH {flag}\n" in script
     assert "\n# setup\nsource .venv/bin/activate\n" in script
     assert re.search(r"^srun .* python -u -m submitit\.core\._submit multirun/pr8186_table/", script, re.M)
-    node_lines = [line for line in nodes.splitlines() if line.startswith("PYTHONUNBUFFERED")]
+    node_lines = [line for line in node_part.splitlines() if line.startswith("PYTHONUNBUFFERED")]
     assert len(node_lines) == 2 and node_lines[0] == node_lines[1]  # both nodes join the same rendezvous
     words = shlex.split(node_lines[0])
     assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "DEEPSPEED_TIMEOUT=10",
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"} <= set(words)
     assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=c10d", "--rdzv_endpoint=gpu01:30956"} <= set(words)
-    assert words[-3:] == ["-m", "harness.worker", "RUN_DIR"] and "worker.node1.log" in nodes
+    assert words[-3:] == ["-m", "harness.worker", "RUN_DIR"] and "worker.node1.log" in node_part
 
 
 # --- end to end on this machine ------------------------------------------------------------------------
@@ -315,10 +281,10 @@ def test_two_drivers_are_the_two_nodes_of_one_point_and_only_node_0_records_it(t
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_JOB_NUM_NODES": "2"}
     cmd = harness_cmd(tmp_path, "launcher=slurm", "launcher.nnodes=2", "launcher.nproc_per_node=1",
                       f"launcher.rdzv_port={port}", "launcher.dist_timeout_min=2", "logger=wandb")
-    nodes = [subprocess.Popen(cmd, cwd=tmp_path, env=driver_env(**slurm, SLURM_NODEID=str(k)), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for k in (0, 1)]
-    outputs = [node.communicate(timeout=400)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    drivers = [subprocess.Popen(cmd, cwd=tmp_path, env=driver_env(**slurm, SLURM_NODEID=str(k)), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for k in (0, 1)]
+    outputs = [driver.communicate(timeout=400)[0] for driver in drivers]
+    assert [driver.returncode for driver in drivers] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
     run_dir = tmp_path / "run"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["world_size"] == 2, summary

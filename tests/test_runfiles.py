@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness import runfiles
-from harness.cluster import compose_point
+from harness.compose import compose_point
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ from omegaconf import OmegaConf
 
 from harness import arms
 from harness.checks import Choice, Number
-from harness.cluster import compose_point
+from harness.compose import compose_point
 from harness.errors import ConfigError
 from harness.validate import validate
 

@@ -1,0 +1,8 @@
+"""Cluster scale (SLURM), one module per job:
+
+- nodes.py: where this driver sits in a SLURM job, and how its node joins the point's c10d rendezvous;
+- stops.py: SLURM's stop signals and requeue, and a failed node stopping the others;
+- preview.py: what SLURM would run (`python -m harness.cluster`): the sbatch script and every node's command.
+
+The dry run's memory estimate (`estimate_only=true`) is harness/estimate.py.
+"""

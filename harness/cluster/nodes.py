@@ -1,0 +1,147 @@
+"""Where this driver sits in a SLURM job and how its node joins the point's ranks.
+
+With hydra-submitit-launcher every SLURM task (one per node) runs the driver of the same point; each
+driver starts its node's ranks with torchrun, all joining one c10d rendezvous on the job's first node.
+Global node 0's driver records the point; the others only run their ranks.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness import launch
+from harness.errors import ConfigError
+
+RDZV_PORT_BASE, RDZV_PORT_SPAN = 29500, 2000  # below Linux's ephemeral range, so no client socket holds it
+
+
+# --- where this driver sits -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodePlace:
+    """This driver's node within the point's job (node 0 of 1 outside SLURM)."""
+    node_rank: int
+    nnodes: int
+    hosts: tuple[str, ...]
+    job_id: str | None = None       # SLURM_JOB_ID: unique per array task
+    requeue_id: str | None = None   # what `scontrol requeue` takes (ARRAYJOB_TASK for an array task)
+    attempt: int = 0                # SLURM_RESTART_COUNT: how often the job was requeued
+    end_time: float | None = None   # SLURM_JOB_END_TIME: when the time limit strikes (epoch s)
+
+    @property
+    def primary(self) -> bool:
+        return self.node_rank == 0
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """SLURM's compact host list, `gpu[01-03,07],login1` -> gpu01 gpu02 gpu03 gpu07 login1 (padding kept)."""
+    return [host for item in _split_outside_brackets(nodelist) for host in _expand_host(item)]
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    return [item for item in items + [current] if item]
+
+
+def _expand_host(pattern: str) -> list[str]:
+    match = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", pattern)
+    if not match:
+        return [pattern]
+    prefix, ranges, rest = match.groups()
+    heads = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        numbers = range(int(low), int(high) + 1) if high else [int(low)]
+        heads += [f"{prefix}{n:0{len(low)}d}" for n in numbers]
+    return [head + tail for head in heads for tail in _expand_host(rest)]
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """The job's hosts in SLURM's order: `scontrol show hostnames` where SLURM is installed, else our parser."""
+    if shutil.which("scontrol"):
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=30)
+        if out.returncode == 0 and out.stdout.split():
+            return out.stdout.split()
+    return expand_nodelist(nodelist)
+
+
+def this_node(environ: Mapping[str, str] = os.environ, nnodes: int | None = None) -> NodePlace:
+    """Read the SLURM job environment of this task (one task per node); node 0 of 1 without SLURM.
+    A single-node point (`nnodes=1`) is always its own node 0, whichever node of an allocation runs it."""
+    if "SLURM_JOB_ID" not in environ:
+        return NodePlace(0, 1, (socket.gethostname(),))
+    node_rank = 0 if nnodes == 1 else int(environ.get("SLURM_NODEID", 0))
+    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    end_time = environ.get("SLURM_JOB_END_TIME")
+    return NodePlace(
+        node_rank=node_rank,
+        nnodes=int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", 1))),
+        hosts=tuple(slurm_hostnames(environ.get("SLURM_JOB_NODELIST", socket.gethostname()))),
+        job_id=environ["SLURM_JOB_ID"],
+        requeue_id=f"{array_job}_{array_task}" if array_job and array_task else environ["SLURM_JOB_ID"],
+        attempt=int(environ.get("SLURM_RESTART_COUNT", 0)),
+        end_time=float(end_time) if end_time else None,
+    )
+
+
+# --- how this node joins the point's ranks ------------------------------------------------------------
+
+def check_allocation(launcher: Mapping[str, Any], place: NodePlace) -> None:
+    """A multi-node point needs c10d and a SLURM job with exactly its node count."""
+    backend, nnodes = launcher.get("rdzv_backend"), launcher["nnodes"]
+    if backend not in (None, "c10d"):
+        raise ConfigError("launcher.rdzv_backend", f"must be null (standalone) or c10d, got {backend!r}")
+    if nnodes == 1:
+        return
+    if backend != "c10d":
+        raise ConfigError("launcher.rdzv_backend", f"{nnodes} nodes join through a rendezvous: set it to c10d")
+    if place.job_id is None:
+        raise ConfigError("launcher.nnodes", f"{nnodes} nodes need a SLURM job (launcher=slurm)")
+    if place.nnodes != nnodes:
+        raise ConfigError("launcher.nnodes", f"{nnodes} nodes configured but SLURM job {place.job_id} has "
+                          f"{place.nnodes}; set hydra.launcher.nodes to launcher.nnodes")
+
+
+def rendezvous_port(launcher: Mapping[str, Any], place: NodePlace) -> int:
+    """Every node must agree on the port without talking: launcher.rdzv_port, else one derived from the
+    job id; a single-node point takes any free port (points running side by side must not meet)."""
+    if launcher.get("rdzv_port"):
+        return int(launcher["rdzv_port"])
+    if launcher["nnodes"] > 1:
+        return RDZV_PORT_BASE + int(place.job_id) % RDZV_PORT_SPAN
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def launcher_for_node(launcher: Mapping[str, Any], place: NodePlace) -> dict[str, Any]:
+    """The launcher section with this point's c10d endpoint (the job's first host) and id filled in."""
+    out = dict(launcher)
+    if launcher.get("rdzv_backend") != "c10d" or launcher.get("rdzv_endpoint"):
+        return out
+    host = place.hosts[0] if launcher["nnodes"] > 1 else "localhost"
+    port = rendezvous_port(launcher, place)
+    out["rdzv_endpoint"] = f"{host}:{port}"
+    out["rdzv_id"] = place.job_id or f"harness-{port}"
+    return out
+
+
+def node_command(config: Mapping[str, Any], run_dir: Path, place: NodePlace,
+                 cuda: bool | None = None) -> tuple[list[str], dict[str, str]]:
+    """The torchrun command and worker environment this node's driver runs for a point."""
+    launcher = launcher_for_node(config["launcher"], place)
+    return launch.torchrun_command(run_dir, launcher), launch.worker_env(config, cuda)
