@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.offload.plan import parse_profile
+from harness.offload.profile import parse_profile
 
 pytestmark = pytest.mark.gpu
 

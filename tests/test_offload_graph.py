@@ -11,10 +11,12 @@ from deepspeed.compile.profilers import ProfilingResult
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from harness.offload import ops
-from harness.offload.graph_pass import (OffloadPass, PlanFiles, insert_end_backward, insert_reloads,
-                                        is_compute_anchor, profiled_node_names, release_site_names)
+from harness.offload.graph_edit import (insert_end_backward, insert_reloads, is_compute_anchor, profiled_node_names,
+                                        release_site_names)
+from harness.offload.graph_pass import OffloadPass, PlanFiles
 from harness.offload.mover import StateMover
-from harness.offload.plan import make_plan, parse_profile
+from harness.offload.plan import make_plan
+from harness.offload.profile import parse_profile
 from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
 from offload_fakes import FakeDevice, FakeZero3Optimizer, init_deepspeed_on_cpu
 
