@@ -109,10 +109,14 @@ def alloc_retries(point: dict) -> int | None:
     return ((point["summary"].get("final") or {}).get("alloc_retries") or {}).get("sum")
 
 
-def prediction_error(summary: dict) -> float | None:
-    """(predicted - measured) / measured peak allocated bytes of the final phase, for a point with a prediction."""
+def prediction_error(point: dict) -> float | None:
+    """(predicted - measured) / measured peak allocated bytes, measured over the final phase's steps after its
+    compile step (which also holds DeepCompile's profiling), for a point with a prediction."""
+    summary = point["summary"]
+    final = (summary.get("final") or {}).get("phase")
+    measured = max((row["peak_allocated_bytes"] for row in point["rows"] if row["phase"] == final
+                    and row.get("phase_step", 0) > 0 and row.get("peak_allocated_bytes") is not None), default=None)
     predicted = summary.get("predicted_peak_bytes")
-    measured = ((summary.get("final") or {}).get("peak_allocated_bytes") or {}).get("max")
     return (predicted - measured) / measured if predicted and measured else None
 
 
@@ -122,7 +126,7 @@ def stall_and_prediction(point: dict) -> str:
     stall = ((summary.get("final") or {}).get("offload_stall_s") or {}).get("median")
     if stall is not None:
         parts.append(f"copy stall {stall:.4f} s/step")
-    error = prediction_error(summary)
+    error = prediction_error(point)
     if error is not None:
         parts.append(f"predicted peak {summary['predicted_peak_bytes'] / 1e9:.2f} GB ({error:+.1%} of measured)")
     return "".join(f" | {part}" for part in parts)

@@ -62,9 +62,13 @@ def test_stall_and_prediction_error_are_reported_for_points_that_have_them():
     from harness.bench import prediction_error, stall_and_prediction
 
     summary = {"predicted_peak_bytes": 11_000_000_000,
-               "final": {"peak_allocated_bytes": {"max": 10_000_000_000}, "offload_stall_s": {"median": 0.0125}}}
-    assert prediction_error(summary) == 0.1
-    assert stall_and_prediction({"summary": summary}) == \
-        " | copy stall 0.0125 s/step | predicted peak 11.00 GB (+10.0% of measured)"
-    assert stall_and_prediction({"summary": {"final": {}}}) == ""
-    assert prediction_error({"predicted_peak_bytes": None, "final": None}) is None
+               "final": {"phase": 1, "offload_stall_s": {"median": 0.0125}}}
+    rows = [{"phase": 0, "phase_step": 0, "peak_allocated_bytes": 30_000_000_000},
+            {"phase": 1, "phase_step": 0, "peak_allocated_bytes": 20_000_000_000},  # the compile step: left out
+            {"phase": 1, "phase_step": 1, "peak_allocated_bytes": 10_000_000_000},
+            {"phase": 1, "phase_step": 2, "peak_allocated_bytes": 9_000_000_000}]
+    point = {"summary": summary, "rows": rows}
+    assert prediction_error(point) == 0.1
+    assert stall_and_prediction(point) == " | copy stall 0.0125 s/step | predicted peak 11.00 GB (+10.0% of measured)"
+    assert stall_and_prediction({"summary": {"final": {}}, "rows": []}) == ""
+    assert prediction_error({"summary": {"predicted_peak_bytes": None, "final": None}, "rows": rows}) is None
