@@ -100,6 +100,14 @@ def _graph_id(value: Any, key: str) -> int:
     return value
 
 
+def _unique_label(value: Any, key: str, seen: set, what: str, where: str = "") -> str:
+    """A non-empty string not seen before (added to `seen`)."""
+    expect(isinstance(value, str) and value != "", key, f"must be a non-empty string, got {value!r}")
+    expect(value not in seen, key, f"duplicate {what} {value!r}{where}")
+    seen.add(value)
+    return value
+
+
 def _parse_graph(graph: Any, key: str) -> tuple[tuple[int, bool], list[Node]]:
     graph = mapping(graph, key)
     graph_id = _graph_id(graph.get("graph_id"), f"{key}.graph_id")
@@ -109,11 +117,8 @@ def _parse_graph(graph: Any, key: str) -> tuple[tuple[int, bool], list[Node]]:
     for index, node in enumerate(sequence(graph.get("nodes"), f"{key}.nodes")):
         node_key = f"{key}.nodes[{index}]"
         node = mapping(node, node_key)
-        name = node.get("name")
-        expect(isinstance(name, str) and name != "", f"{node_key}.name", f"must be a non-empty string, got {name!r}")
         # Reloads are placed by node name, so a name must say which node it is.
-        expect(name not in seen_names, f"{node_key}.name", f"duplicate node name {name!r} in this graph")
-        seen_names.add(name)
+        name = _unique_label(node.get("name"), f"{node_key}.name", seen_names, "node name", " in this graph")
         freed = byte_count(node.get("inputs_freed_bytes", 0), f"{node_key}.inputs_freed_bytes")
         nodes.append(Node(graph_id, bwd, name, byte_count(node.get("peak_bytes"), f"{node_key}.peak_bytes"), freed))
     if "start_alloc_bytes" in graph:
@@ -144,10 +149,7 @@ def _parse_tasks(tasks: Any) -> tuple[Task, ...]:
     for index, task in enumerate(sequence(tasks, "profile.tasks")):
         key = f"profile.tasks[{index}]"
         task = mapping(task, key)
-        task_id = task.get("id")
-        expect(isinstance(task_id, str) and task_id != "", f"{key}.id", f"must be a non-empty string, got {task_id!r}")
-        expect(task_id not in seen_ids, f"{key}.id", f"duplicate task id {task_id!r}")
-        seen_ids.add(task_id)
+        task_id = _unique_label(task.get("id"), f"{key}.id", seen_ids, "task id")
         parsed.append(Task(task_id, byte_count(task.get("bytes"), f"{key}.bytes")))
     return tuple(parsed)
 
