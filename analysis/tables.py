@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.load import GB, OK, is_design_column
+from analysis.columns import is_design_column
+from analysis.load import GB, OK
 
 ARMS = ("zero3", "deepcompile", "ds_offload", "offload", "zero_offload")
 BASELINE_ARM = "zero3"

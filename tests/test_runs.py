@@ -12,7 +12,8 @@ import psutil
 import pytest
 import yaml
 
-from analysis.load import is_design_column, load_sweep
+from analysis.columns import is_design_column
+from analysis.load import load_sweep
 from analysis.tables import failed_statuses
 from harness.metrics import quartiles
 from harness.sinks import flat_summary, mirror_to_wandb, read_jsonl
