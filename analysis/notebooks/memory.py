@@ -22,22 +22,14 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from pathlib import Path
-
 from analysis import plots
-from analysis.load import load_sweep
-from analysis.render import write_table
+from analysis.notebook import open_report
 from analysis.tables import memory_table
 
-sweep = load_sweep(sweep_dir)
-print(sweep.problem_report() or "every run file read")
-tables_dir, figures_dir = Path(out_dir) / "tables", Path(out_dir) / "figures"
+report = open_report(sweep_dir, out_dir)
 
 # %%
-table = memory_table(sweep.points)
-write_table(table, tables_dir)
-table.display
+report.table(memory_table(report.points))
 
 # %%
-plot = plots.step_series(sweep.points, sweep.steps, "peak_reserved_bytes")
-plots.save_plot(plot, figures_dir);
+report.figure(plots.step_series(report.points, report.steps, "peak_reserved_bytes"));
