@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from analysis import plots  # noqa: E402
@@ -15,12 +14,7 @@ from analysis.load import load_sweep  # noqa: E402
 from harness.metrics import quartiles  # noqa: E402
 
 COMPILE = 5.0
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("close_figures")
 
 
 @pytest.fixture
