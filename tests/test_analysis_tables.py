@@ -5,11 +5,11 @@ import statistics
 import pandas as pd
 import pytest
 
+from analysis.design import design
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
 from analysis.render import to_latex, to_markdown, write_table
-from analysis.tables import (budget_table, design, memory_table, policies_table, swept_axis,
-                             throughput_table)
+from analysis.tables import budget_table, memory_table, policies_table, swept_axis, throughput_table
 
 COMPILE = 5.0  # every synthetic phase starts with a compile step this long; the medians must leave it out
 
