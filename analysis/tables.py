@@ -27,7 +27,6 @@ OFFLOAD_ARMS = ("ds_offload", "offload")
 WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "steps", "nproc_per_node", "nnodes",
                     "device_memory_gb")
 AXIS_LABELS = {"seq_len": "seq", "micro_batch": "mb"}
-GIB = 2**30
 NOT_APPLICABLE = "-"
 
 STEP_TIME = "final_step_time_s_median"
@@ -189,10 +188,10 @@ def _numeric_first(text: str) -> tuple:
 
 PHASE_PATTERN = re.compile(r"^phase(\d+)_(.+)$")
 MEMORY_COLUMNS = {  # per-phase stat -> (column title, divisor)
-    "peak_allocated_bytes_max": ("peak allocated (GiB)", GIB),
-    "peak_reserved_bytes_max": ("peak reserved (GiB)", GIB),
-    "offload_bytes_median": ("offloaded/step (GiB)", GIB),
-    "reload_bytes_median": ("reloaded/step (GiB)", GIB),
+    "peak_allocated_bytes_max": ("peak allocated (GB)", GB),
+    "peak_reserved_bytes_max": ("peak reserved (GB)", GB),
+    "offload_bytes_median": ("offloaded/step (GB)", GB),
+    "reload_bytes_median": ("reloaded/step (GB)", GB),
     "alloc_retries_sum": ("alloc retries", 1),
 }
 
@@ -213,8 +212,8 @@ def phase_rows(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_table(points: pd.DataFrame) -> Table:
-    """Per design point and phase: peak allocated and reserved (GiB), bytes offloaded and reloaded per step
-    (GiB), allocator retries."""
+    """Per design point and phase: peak allocated and reserved (GB), bytes offloaded and reloaded per step
+    (GB), allocator retries."""
     points_design = design(points)
     keys = points_design.keys
     values = aggregate_repeats(phase_rows(points), [*keys, "phase"], MEMORY_COLUMNS)
@@ -255,7 +254,7 @@ def policies_table(points: pd.DataFrame) -> Table:
                                 {("", "arm"): context, ("", "empty_cache"): format_value(row["empty_cache"])})
         group = f"streams {format_value(row['streams'])}"
         line[(group, "s/step")] = cell(row, STEP_TIME)
-        line[(group, "peak reserved (GiB)")] = cell(row, PEAK_RESERVED, GIB)
+        line[(group, "peak reserved (GB)")] = cell(row, PEAK_RESERVED, GB)
     return Table("policies", values, display_frame(list(cells.values())))
 
 

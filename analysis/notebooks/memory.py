@@ -14,8 +14,9 @@
 
 # %% [markdown]
 # # Memory
-# Peak allocated and reserved memory per phase (GiB), bytes offloaded and reloaded per step, allocator
-# retries; peak reserved memory step by step, where growth after a phase boundary shows.
+# Peak allocated and reserved memory per phase, bytes offloaded and reloaded per step (GB = 1e9 bytes, as
+# everywhere in the harness), allocator retries; peak reserved memory step by step, where growth after a phase
+# boundary shows.
 
 # %% tags=["parameters"]
 sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<timestamp>
