@@ -41,8 +41,8 @@ def write_mixed_sweep(sweep_dir: Path) -> None:
                *(("offload", "ordered", budget, 2, {"offload.peak_cap_gb": 12, "offload.release": "ordered"})
                  for budget in (4.0, 8.0))]
     for job, (arm, sweep, budget, micro_batch, knobs) in enumerate(points):
-        extra = {"sweep.name": sweep, **dict(reversed(list({**DEFAULT_KNOBS, **knobs}.items())))} if job % 2 \
-            else {**DEFAULT_KNOBS, **knobs, "sweep.name": sweep}
+        knobs = {**DEFAULT_KNOBS, **knobs, "sweep.name": sweep}
+        extra = dict(reversed(knobs.items())) if job % 2 else knobs  # overrides written in either order
         write_point(sweep_dir, job, arm=arm, micro_batch=micro_batch, budget_gb=budget, device_memory_gb=DEVICE_GB,
                     phase_times=[(COMPILE, 0.3, 0.4), (COMPILE, 0.5 + 0.01 * job, 0.6, 0.55)],
                     offload_bytes=None if budget is None else int((12 - budget) * 1e9), extra=extra)
@@ -160,10 +160,15 @@ def test_a_key_that_varies_only_where_a_figure_shows_no_point_stays_out_of_its_l
 
 
 def test_label_order_does_not_follow_the_order_overrides_were_written(tmp_path):
-    for job, (reload, cap) in enumerate((("asap", None), ("at_end", 12))):
-        knobs = {"offload.reload": reload, "env.reserved_cap_gb": cap}
-        write_point(tmp_path, job, arm="offload", extra=dict(reversed(knobs.items())) if job else knobs)
+    settings = [{"train.reduce_bucket_size": 5e7, "env.reserved_cap_gb": None, "sweep.name": "first"},
+                {"sweep.name": "first", "env.reserved_cap_gb": 12, "train.reduce_bucket_size": None},
+                {"env.reserved_cap_gb": None, "train.reduce_bucket_size": 5e7, "sweep.name": "again"}]
+    for job, extra in enumerate(settings):
+        write_point(tmp_path, job, arm="offload", extra=extra)
     points = load_sweep(tmp_path).points
     points_design = design(points)
-    assert [points_design.label(row) for row in points.to_dict("records")] == \
-        ["offload, reload=asap, env.reserved_cap_gb=null", "offload, reload=at_end, env.reserved_cap_gb=12"]
+    # other keys alphabetically, the sweep's name last (needed here: the first and last points differ in no other)
+    assert [points_design.label(row) for row in points.to_dict("records")] == [
+        "offload, env.reserved_cap_gb=null, train.reduce_bucket_size=50000000, sweep_name=first",
+        "offload, env.reserved_cap_gb=12, train.reduce_bucket_size=null, sweep_name=first",
+        "offload, env.reserved_cap_gb=null, train.reduce_bucket_size=50000000, sweep_name=again"]
