@@ -17,13 +17,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.transforms import blended_transform_factory
 
+from analysis.design import design, format_value, is_missing
+from analysis.layout import legend_below
 from analysis.load import GB, OK, load_sweep
 from analysis.plots import (PAPER_RC, Plot, annotate_failures, arm_style, concat_data, data_rows,
-                            doubling_axis, legend_below, median_with_iqr, peak_reserved_with_spread, save_plot)
+                            doubling_axis, median_with_iqr, peak_reserved_with_spread, save_plot)
 from analysis.render import write_table
 from analysis.tables import (NOT_APPLICABLE, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S, Table, aggregate_repeats,
-                             axis_label, cell, design, display_frame, format_value, is_missing, swept_axis,
-                             swept_values)
+                             axis_label, cell, display_frame, swept_axis, swept_values)
 from harness.arms import arm_names
 
 DEVICE_SIZE = "device_memory_gb"
@@ -32,7 +33,7 @@ TOKENS_P25, TOKENS_P75 = "final_tokens_per_s_p25", "final_tokens_per_s_p75"
 AXIS_TITLES = {"seq_len": "sequence length (tokens)", "micro_batch": "micro-batch (sequences per GPU)"}
 AXIS_NAMES = {"seq_len": "sequence length", "micro_batch": "micro-batch"}
 FITS = "largest that fits"
-FIGURE_SIZE = (4.8, 3.6)  # inches; room for the legend under the axes
+FIGURE_SIZE = (4.8, 3.2)  # inches, as the other figures; the legend under the axes adds its own height
 OOM_MARKER = {"marker": "x", "markersize": 8, "markeredgewidth": 1.8, "linestyle": "none"}
 
 

@@ -1,4 +1,5 @@
-"""Load sweep dirs (index + run dirs) or a W&B export into tidy DataFrames: one row per point, one per step.
+"""Load sweep dirs (index + run dirs) into tidy DataFrames: one row per point, one per step (the row's
+columns: `analysis.columns`; the same rows from W&B: `analysis.wandb_export`).
 
 A point whose config.yaml or summary.json is missing or malformed is left out; a missing env.json or bad
 steps.jsonl lines only cost those columns or rows. Each problem becomes one `Problem` naming the file, so
@@ -7,7 +8,6 @@ callers can print one warning line per file and list the points left out.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from harness.arms.registry import TARGET
+from analysis.columns import cell_value, config_row, summary_row
 from harness import runfiles
 from harness.checks import lookup
 from harness.launch import STATUSES
@@ -24,48 +24,7 @@ from harness.sinks import job_order
 from harness.units import GB
 
 OK = "ok"
-
-# Config keys the analysis names by a short column; other top-level arm knobs become arm_<knob>, and any
-# other overridden key keeps its dotted name.
-CONFIG_COLUMNS = {
-    "model.name": "model",
-    "arm.name": "arm",
-    "train.micro_batch": "micro_batch",
-    "train.seq_len": "seq_len",
-    "train.steps": "steps",
-    "train.grad_accum": "grad_accum",
-    "train.dtype": "dtype",
-    "train.seed": "seed",
-    "train.repeat": "repeat",
-    "offload.budget_gb": "budget_gb",
-    "offload.budget_fraction": "budget_fraction",
-    "offload.margin": "margin",
-    "offload.mode": "offload_mode",
-    "offload.empty_cache": "empty_cache",
-    "offload.streams": "streams",
-    "offload.reload": "reload",
-    "offload.release": "release",
-    "offload.peak_cap_gb": "peak_cap_gb",
-    "env.device_memory_gb": "device_memory_gb",  # the emulated device size (null: the real device)
-    "launcher.nproc_per_node": "nproc_per_node",
-    "launcher.nnodes": "nnodes",
-    "sweep.name": "sweep_name",
-}
-SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
-                   "planned_offload_bytes", "device_memory_bytes")
-# summary.json's `oom` block (where and by how much a point ran out of memory) as oom_<field> columns.
-OOM_FIELDS = ("stage", "phase", "step", "requested_bytes", "free_bytes", "limit_bytes", "reserved_bytes",
-              "allocated_bytes", "message")
-OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
-# Columns saying where a point came from or what it measured, never how it was configured.
-RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS,
-                            *OOM_COLUMNS))
-STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
-# Config that runs a point but does not define it (fault injection, logging, the driver's timeout): a
-# point with an injected fault stands where a real failure of the same design point would.
-OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$")
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
-MISSING = object()  # a config key that is not there, as opposed to one set to null
 
 
 @dataclass(frozen=True)
@@ -101,14 +60,6 @@ class Sweep:
 
 class MalformedFile(ValueError):
     """A run file that exists but does not follow the run-file contract."""
-
-
-def is_config_column(column: str) -> bool:
-    return column not in RESULT_COLUMNS and not column.startswith("env_") and not STAT_PREFIX.match(column)
-
-
-def is_design_column(column: str) -> bool:
-    return is_config_column(column) and not OPERATIONAL.match(column)
 
 
 def load_sweeps(sweep_dirs: Iterable[str | Path]) -> Sweep:
@@ -257,59 +208,6 @@ def _override_values(overrides: Iterable[str]) -> dict[str, str]:
     return {key: value for key, value in pairs if not key.startswith("hydra.")}
 
 
-def _cell(value: Any) -> Any:
-    """Lists and dicts become JSON text so that points can be grouped and compared by them."""
-    if isinstance(value, (list, tuple, Mapping)):
-        return json.dumps(value, sort_keys=True)
-    return value
-
-
-def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
-               overrides: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Config columns of one point: the standard short names, arm knobs, then any other overridden key,
-    by its value in the config, or as written in the override when the config has no such key (a group
-    choice that the resolved config does not name, e.g. '+experiments/pr8186_rows=zero3')."""
-    overrides = overrides or {}
-    row = {column: _cell(lookup(config, key, None)) for key, column in CONFIG_COLUMNS.items()}
-    arm = config.get("arm") if isinstance(config.get("arm"), Mapping) else {}
-    covered = set(CONFIG_COLUMNS)
-    for knob, value in arm.items():
-        if knob not in ("name", TARGET) and not isinstance(value, Mapping):  # TARGET names the arm's class
-            row[f"arm_{knob}"] = _cell(value)
-            covered.add(f"arm.{knob}")
-    for key in override_keys:
-        value = lookup(config, key, MISSING)
-        if key in covered or isinstance(value, Mapping):  # a Mapping is a named group: arm=zero3 -> arm.name
-            continue
-        row[key] = overrides.get(key) if value is MISSING else _cell(value)
-    return row
-
-
-def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Status, run facts, the oom block and every phase's stats flattened: oom_phase, phase0_step_time_s_median,
-    final_n, ..."""
-    row = {key: summary.get(key) for key in SUMMARY_SCALARS}
-    oom = summary.get("oom")  # null, or missing in summaries older than the capacity campaign
-    row.update({f"oom_{field}": oom.get(field) if isinstance(oom, Mapping) else None for field in OOM_FIELDS})
-    phases = summary.get("phases") or []
-    row["n_phases"] = len(phases)
-    for position, phase in enumerate(phases):
-        row.update(_flatten_stats(phase, f"phase{phase.get('phase', position)}"))
-    if summary.get("final"):
-        row.update(_flatten_stats(summary["final"], "final"))
-    return row
-
-
-def _flatten_stats(stats: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    flat = {}
-    for name, value in stats.items():
-        if isinstance(value, Mapping):
-            flat.update({f"{prefix}_{name}_{stat}": number for stat, number in value.items()})
-        else:
-            flat[f"{prefix}_{name}"] = value
-    return flat
-
-
 def resolved_budget_gb(row: Mapping[str, Any]) -> float | None:
     """The budget the point planned against: the driver's resolved bytes, else the configured GB."""
     budget_bytes = row.get("budget_bytes")
@@ -329,8 +227,7 @@ def _env_row(env_file: Path, problems: list[Problem]) -> dict[str, Any]:
     except (OSError, ValueError):
         problems.append(Problem(str(env_file), "not a JSON object; env columns left empty"))
         return {}
-    return {f"env_{key}": _cell(value) for key, value in env.items()}
-
+    return {f"env_{key}": cell_value(value) for key, value in env.items()}
 
 
 def _read_steps(steps_file: Path, row: Mapping[str, Any], problems: list[Problem]) -> pd.DataFrame:
@@ -359,41 +256,3 @@ def _read_steps(steps_file: Path, row: Mapping[str, Any], problems: list[Problem
         steps.insert(0, "run_dir", row["run_dir"])
         steps.insert(0, "sweep", row["sweep"])
     return steps
-
-
-def wandb_point(config: Mapping[str, Any], summary: Mapping[str, Any], run_path: str) -> dict[str, Any]:
-    """The tidy row of one W&B run as the harness's mirror logs it: config = the resolved config,
-    summary = {"status", "reason", ..., "final/step_time_s/median", "phase0/...", "env/torch", ...}."""
-    flat = _flatten_keys(summary)
-    row: dict[str, Any] = {"sweep": None, "run_dir": run_path, "overrides": ""}
-    row.update(config_row(config))
-    row.update({key: flat.get(key) for key in SUMMARY_SCALARS})
-    phases = {match.group(1) for key in flat if (match := re.match(r"^phase(\d+)/", key))}
-    row["n_phases"] = len(phases)
-    row.update({key.replace("/", "_"): value for key, value in flat.items()
-                if STAT_PREFIX.match(key) or key.startswith("env/")})
-    row["budget_resolved_gb"] = resolved_budget_gb(row)
-    return row
-
-
-def _flatten_keys(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """W&B may hand nested summary dicts back; join their keys with '/' like the logged names."""
-    flat = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten_keys(value, f"{name}/"))
-        else:
-            flat[name] = value
-    return flat
-
-
-def load_wandb(project: str, group: str, api: Any = None) -> Sweep:
-    """Points of one sweep from W&B (needs network): `group` is the sweep's W&B group. No per-step series."""
-    if api is None:
-        import wandb  # only this path needs it, and importing it is slow
-
-        api = wandb.Api()
-    rows = [wandb_point(run.config, run.summary_metrics, "/".join(run.path))
-            for run in api.runs(project, filters={"group": group})]
-    return Sweep(points=pd.DataFrame(rows), steps=pd.DataFrame(), problems=[])

@@ -12,19 +12,23 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
+from analysis.design import Design, design, format_value, is_missing
+from analysis.layout import legend_below, wrap
 from analysis.load import GB, OK
 from analysis.render import to_csv
 from analysis.tables import (NON_OFFLOAD_ARMS, OFFLOAD_ARMS, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S,
-                             Design, aggregate_repeats, design, format_value, is_missing, order_key)
+                             aggregate_repeats, order_key)
 from harness.arms import Arm, registered
 
 # Each arm's colour and marker (harness/arms/), so arms stay apart in greyscale too.
 ARM_STYLES = {name: (arm.display.colour, arm.display.marker) for name, arm in registered().items()}
 OTHER_ARM_STYLE = (Arm.display.colour, Arm.display.marker)
 BUDGET_COLUMNS = ("budget_gb", "budget_fraction", "margin")
+FAILURE_FONTSIZE = 6
+FAILURE_TEXT_WIDTH_PT = 110  # about a third of a figure's axes
 PAPER_RC = {
     "font.family": "DejaVu Sans",  # ships with matplotlib: the same glyphs on every machine
     "font.size": 9,
@@ -39,7 +43,7 @@ PAPER_RC = {
     "lines.markersize": 5,
     "errorbar.capsize": 2,
     "savefig.dpi": 200,
-    "savefig.bbox": "standard",
+    "savefig.bbox": "tight",  # the saved page holds every artist, whatever the layout left outside
     "pdf.fonttype": 42,  # TrueType fonts: editable text in the paper's PDF
     "svg.hashsalt": "offload-harness",
 }
@@ -75,17 +79,18 @@ def _iqr(frame: pd.DataFrame, median: str, p25: str, p75: str) -> tuple[list[flo
 
 
 def annotate_failures(ax, failed: pd.DataFrame, x_column: str) -> None:
-    """Failed points sit at their x above the axis as 'series: STATUS', never as a number; several at
-    one x stack upwards."""
+    """Failed points sit at their x above the axis as 'series: STATUS' (wrapped), never as a number;
+    several at one x stack upwards."""
     at_bottom = blended_transform_factory(ax.transData, ax.transAxes)
-    stacked: dict[float, int] = {}
+    stacked: dict[float, float] = {}  # x -> the height (axes fraction) where the next text starts
     for row in failed.to_dict("records"):
         if is_missing(row[x_column]):
             continue
-        height = stacked.get(row[x_column], 0)
-        stacked[row[x_column]] = height + 1
-        ax.text(row[x_column], 0.03 + 0.07 * height, f"{row['series']}: {row['failed']}", transform=at_bottom,
-                fontsize=6, color=arm_style(row["arm"])[0], ha="center", va="bottom")
+        text = wrap(f"{row['series']}: {row['failed']}", FAILURE_TEXT_WIDTH_PT, FAILURE_FONTSIZE)
+        height = stacked.get(row[x_column], 0.03)
+        stacked[row[x_column]] = height + 0.07 + 0.05 * text.count("\n")
+        ax.text(row[x_column], height, text, transform=at_bottom, fontsize=FAILURE_FONTSIZE,
+                color=arm_style(row["arm"])[0], ha="center", va="bottom")
     if stacked:  # widen the x axis to the failures' x without touching y
         y = ax.dataLim.y0 if math.isfinite(ax.dataLim.y0) else 0.0
         ax.update_datalim([(x, y) for x in stacked])
@@ -124,10 +129,13 @@ def median_with_iqr(ax, frame: pd.DataFrame, series: str, kind: str, x: str, y: 
 
 
 def _budget_points(points: pd.DataFrame, values: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Offload arms by budget (ok and failed) and the non-offload arms' ok rows, as series."""
-    points_design = design(points)
-    aggregated = with_series(aggregate_repeats(points, points_design.keys, [*values, "budget_resolved_gb"]),
-                         points_design, BUDGET_COLUMNS)
+    """Offload arms by budget (ok and failed) and the non-offload arms' ok rows, as series labelled by what
+    varies between these points (the figure shows no other)."""
+    shown = points[points["arm"].isin(OFFLOAD_ARMS)
+                   | (points["arm"].isin(NON_OFFLOAD_ARMS) & (points["status"] == OK))]
+    points_design = design(shown)
+    aggregated = with_series(aggregate_repeats(shown, points_design.keys, [*values, "budget_resolved_gb"]),
+                             points_design, BUDGET_COLUMNS)
     # A failed point has no resolved budget; place it at the configured one.
     if "budget_gb" in aggregated:
         aggregated["budget_resolved_gb"] = aggregated["budget_resolved_gb"].fillna(aggregated["budget_gb"])
@@ -245,6 +253,10 @@ def doubling_axis(ax, swept: pd.Series) -> None:
     ax.minorticks_off()
 
 
+PANEL_WIDTH_IN = 3.3
+PANEL_TITLE_FONTSIZE = 7
+# A title centres on its axes, right of the y-axis labels: this wide it stays inside its own panel.
+PANEL_TITLE_WIDTH_PT = PANEL_WIDTH_IN * 72 - 50
 SERIES_UNITS = {"step_time_s": ("step time (s)", 1.0),
                 "peak_reserved_bytes": ("peak reserved (GB)", GB),
                 "peak_allocated_bytes": ("peak allocated (GB)", GB)}
@@ -254,9 +266,9 @@ LOG_SCALE_RATIO = 10  # compile steps can take 1000x a measured step; a log axis
 def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_time_s") -> Plot:
     """Per-step `metric` of every point, one panel each; compile steps hollow, phase boundaries dashed."""
     axis_label, scale = SERIES_UNITS[metric]
-    points_design = design(points)
     with_steps = points.merge(steps[["sweep", "run_dir"]].drop_duplicates(), on=["sweep", "run_dir"]) \
         if not steps.empty else points.iloc[0:0]
+    points_design = design(with_steps)  # the panels' points: a point without steps gets none
     # Panels in design order (arm, then its knobs, then repeat), not in the order the points ran.
     order = [key for key in [*points_design.keys, "repeat"] if key in with_steps]
     with_steps = with_steps.sort_values(order, key=order_key, kind="stable")
@@ -264,8 +276,8 @@ def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_t
     rows = max(1, math.ceil(len(with_steps) / columns))
     data = []
     with mpl.rc_context(PAPER_RC):
-        figure, axes = plt.subplots(rows, columns, figsize=(3.3 * columns, 2.4 * rows + 0.4), squeeze=False,
-                                    layout="constrained")
+        figure, axes = plt.subplots(rows, columns, figsize=(PANEL_WIDTH_IN * columns, 2.4 * rows + 0.4),
+                                    squeeze=False, layout="constrained")
         repeats_vary = "repeat" in with_steps and with_steps["repeat"].nunique() > 1
         for ax, point in zip(axes.flat, with_steps.to_dict("records")):
             own = steps[(steps["sweep"] == point["sweep"]) & (steps["run_dir"] == point["run_dir"])]
@@ -280,13 +292,16 @@ def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_t
                 ax.axvline(boundary - 0.5, color="black", linestyle="--", linewidth=0.8)
             repeat = f" #{point['repeat']}" if repeats_vary else ""
             status = "" if point["status"] == OK else f" [{point['status'].upper()}]"
-            ax.set_title(f"{points_design.label(point)}{repeat}{status}", fontsize=7)
+            ax.set_title(wrap(f"{points_design.label(point)}{repeat}{status}", PANEL_TITLE_WIDTH_PT,
+                              PANEL_TITLE_FONTSIZE), fontsize=PANEL_TITLE_FONTSIZE)
             ax.set_xlabel("step")
             ax.set_ylabel(axis_label)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if values.notna().any() and values.min() > 0 and values.max() / values.min() > LOG_SCALE_RATIO:
                 ax.set_yscale("log")
+                ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 0.2, 0.5, 1, 2, 5: room for each
                 ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+                ax.yaxis.set_minor_formatter(NullFormatter())
             data.append(pd.DataFrame({"series": point["run_dir"], "x": own["step"].tolist(),
                                       "y": values.tolist(), "phase": own["phase"].tolist(),
                                       "phase_step": own["phase_step"].tolist()}))
@@ -300,16 +315,6 @@ def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_t
                       ["first step of a phase (compiles)", "phase boundary"],
                       loc="outside lower center", ncols=2, frameon=False)
     return Plot(f"{metric}_per_step", figure, concat_data(data))
-
-
-def legend_below(figure: Figure, *axes) -> None:
-    """One legend under the axes, so that it never hides a point."""
-    handles, labels = [], []
-    for ax in axes:
-        more_handles, more_labels = ax.get_legend_handles_labels()
-        handles, labels = handles + more_handles, labels + more_labels
-    if handles:
-        figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
 
 
 def concat_data(frames: list[pd.DataFrame]) -> pd.DataFrame:

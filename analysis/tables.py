@@ -15,20 +15,19 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.load import GB, OK, is_design_column
+from analysis.design import design, format_value, is_missing, varies
+from analysis.load import GB, OK
 from harness.arms import arm_names
 
 ARMS = arm_names()  # the tables' row order
 BASELINE_ARM = arm_names(lambda arm: arm.baseline)[0]
 NON_OFFLOAD_ARMS = arm_names(lambda arm: arm.keeps_optimizer_states_on_gpu)
 OFFLOAD_ARMS = arm_names(lambda arm: arm.offloads_opt_states)
-REPEAT_COLUMNS = ("repeat", "seed")
 # What a training step computes, and on how much device memory: two points with equal values here are
 # comparable across arms.
 WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "steps", "nproc_per_node", "nnodes",
                     "device_memory_gb")
 AXIS_LABELS = {"seq_len": "seq", "micro_batch": "mb"}
-GIB = 2**30
 NOT_APPLICABLE = "-"
 
 STEP_TIME = "final_step_time_s_median"
@@ -44,43 +43,12 @@ class Table:
     caption: str = ""  # what the cells are, where the columns alone do not say it
 
 
-@dataclass(frozen=True)
-class Design:
-    """What tells design points apart: `keys` = arm plus every config column that varies between the points
-    of one arm (repeats aside); `shown` = per arm, the keys its labels name."""
-
-    keys: list[str]
-    shown: dict[str, list[str]]
-
-    def label(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
-        """'offload, budget_gb=12, empty_cache=phase': the arm and what else sets this point apart."""
-        leave_out = set(leave_out)
-        details = [f"{key}={format_value(row[key])}" for key in self.shown.get(row["arm"], [])
-                   if key not in leave_out]
-        return ", ".join([str(row["arm"]), *details])
-
-
-def design(points: pd.DataFrame) -> Design:
-    """Knobs that only one arm has (or that differ only between arms) are told apart by the arm already."""
-    candidates = [column for column in points.columns
-                  if is_design_column(column) and column not in REPEAT_COLUMNS and column != "arm"]
-    shown = {arm: [column for column in candidates if _varies(rows[column])]
-             for arm, rows in points.groupby("arm", sort=False)}
-    keys = ["arm", *[column for column in candidates if any(column in columns for columns in shown.values())]]
-    return Design(keys=keys, shown=shown)
-
-
 def swept_axis(points: pd.DataFrame) -> str:
     """The throughput table's column axis: sequence length if it varies, else micro-batch."""
     for axis in AXIS_LABELS:
-        if axis in points and _varies(points[axis]):
+        if axis in points and varies(points[axis]):
             return axis
     return "seq_len"
-
-
-def _varies(column: pd.Series) -> bool:
-    """More than one value, a missing one (an auto budget, say) counting as a value of its own."""
-    return column.map(format_value).nunique() > 1
 
 
 def aggregate_repeats(points: pd.DataFrame, keys: Sequence[str], values: Iterable[str],
@@ -100,8 +68,10 @@ def aggregate_repeats(points: pd.DataFrame, keys: Sequence[str], values: Iterabl
             row[f"{value}_min"] = min(numbers) if numbers else math.nan
             row[f"{value}_max"] = max(numbers) if numbers else math.nan
         rows.append(row)
-    frame = pd.DataFrame(rows)
-    return frame.sort_values(list(keys), key=order_key, kind="stable").reset_index(drop=True) if rows else frame
+    columns = [*keys, "n_runs", "n_ok", "failed",
+               *(f"{value}{stat}" for value in values for stat in ("", "_min", "_max"))]
+    frame = pd.DataFrame(rows, columns=columns)  # the columns also when no point is given
+    return frame.sort_values(list(keys), key=order_key, kind="stable").reset_index(drop=True)
 
 
 def failed_statuses(statuses: Iterable[str]) -> str:
@@ -120,10 +90,6 @@ def _none_if_nan(value: Any) -> Any:
     return None if is_missing(value) else value
 
 
-def is_missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def order_key(column: pd.Series) -> pd.Series:
     """Arms in their fixed order, numbers by value, missing last."""
     if column.name == "arm":
@@ -139,15 +105,6 @@ def format_number(value: float) -> str:
     if abs(value) >= 1000:
         return f"{value:.0f}"
     return f"{value:.4g}"
-
-
-def format_value(value: Any) -> str:
-    """A config value in a label: integral floats (pandas' ints with gaps) without '.0', missing as null."""
-    if is_missing(value):
-        return "null"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def cell(row: Mapping[str, Any], value: str, scale: float = 1.0) -> str:
@@ -232,10 +189,10 @@ def _numeric_first(text: str) -> tuple:
 
 PHASE_PATTERN = re.compile(r"^phase(\d+)_(.+)$")
 MEMORY_COLUMNS = {  # per-phase stat -> (column title, divisor)
-    "peak_allocated_bytes_max": ("peak allocated (GiB)", GIB),
-    "peak_reserved_bytes_max": ("peak reserved (GiB)", GIB),
-    "offload_bytes_median": ("offloaded/step (GiB)", GIB),
-    "reload_bytes_median": ("reloaded/step (GiB)", GIB),
+    "peak_allocated_bytes_max": ("peak allocated (GB)", GB),
+    "peak_reserved_bytes_max": ("peak reserved (GB)", GB),
+    "offload_bytes_median": ("offloaded/step (GB)", GB),
+    "reload_bytes_median": ("reloaded/step (GB)", GB),
     "alloc_retries_sum": ("alloc retries", 1),
 }
 
@@ -256,8 +213,8 @@ def phase_rows(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_table(points: pd.DataFrame) -> Table:
-    """Per design point and phase: peak allocated and reserved (GiB), bytes offloaded and reloaded per step
-    (GiB), allocator retries."""
+    """Per design point and phase: peak allocated and reserved (GB), bytes offloaded and reloaded per step
+    (GB), allocator retries."""
     points_design = design(points)
     keys = points_design.keys
     values = aggregate_repeats(phase_rows(points), [*keys, "phase"], MEMORY_COLUMNS)
@@ -298,7 +255,7 @@ def policies_table(points: pd.DataFrame) -> Table:
                                 {("", "arm"): context, ("", "empty_cache"): format_value(row["empty_cache"])})
         group = f"streams {format_value(row['streams'])}"
         line[(group, "s/step")] = cell(row, STEP_TIME)
-        line[(group, "peak reserved (GiB)")] = cell(row, PEAK_RESERVED, GIB)
+        line[(group, "peak reserved (GB)")] = cell(row, PEAK_RESERVED, GB)
     return Table("policies", values, display_frame(list(cells.values())))
 
 

@@ -1,10 +1,29 @@
+"""Helpers shared by the test modules: the driver run as a user would run it, a run dir's records, the
+bad inputs refused with one line naming their key, and the figure checks."""
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from harness.sinks import read_jsonl
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))
+
+TINY_RUN = ["model=tiny", "train.steps=4", "train.seq_len=32"]  # a point that trains in seconds on CPU
+SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_NODEID",
+              "SLURM_PROCID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "SLURM_JOB_END_TIME")
+# Values out of range, each refused before launch with one line naming the key: checked in process and
+# through the driver.
+BAD_VALUES = [
+    (["train.steps=0"], "train.steps"),
+    (["train.micro_batch=0"], "train.micro_batch"),
+    (["offload.budget_gb=-2"], "offload.budget_gb"),
+    (["arm=ds_offload", "arm.offload_optimizer=cpu"], "arm.offload_optimizer"),
+]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,3 +46,46 @@ def run_file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return RUN_FILE_MODE & ~umask
+
+
+def driver_env(**slurm: str) -> dict[str, str]:
+    """This environment without the machine's own SLURM variables (a test sets those it fakes)."""
+    env = {key: value for key, value in os.environ.items() if key not in SLURM_KEYS}
+    return {**env, "WANDB_SILENT": "true", **slurm}
+
+
+def harness_cmd(tmp_path: Path, *overrides: str, multirun: bool = False, fast: list[str] = TINY_RUN,
+                config_dir: Path | None = None) -> list[str]:
+    """The driver's command line as a user would type it; run/sweep dirs go under tmp_path."""
+    dirs = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
+    added = ["--config-dir", str(config_dir)] if config_dir else []  # Hydra's flags come before the overrides
+    return [sys.executable, "-m", "harness.run", *added, *(["-m"] if multirun else []), *fast, *dirs, *overrides]
+
+
+def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, fast: list[str] = TINY_RUN,
+                timeout: int = 600, config_dir: Path | None = None, env: dict | None = None,
+                **slurm: str) -> subprocess.CompletedProcess:
+    """`env`: the whole environment (default: this one without SLURM's variables, plus `slurm`)."""
+    return subprocess.run(harness_cmd(tmp_path, *overrides, multirun=multirun, fast=fast, config_dir=config_dir),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+                          env=env or driver_env(**slurm))
+
+
+def read_run(run_dir: Path) -> tuple[list[dict], dict]:
+    """A run dir's steps.jsonl rows and summary.json."""
+    return read_jsonl(run_dir / "steps.jsonl"), json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture
+def close_figures():
+    """Close every figure a test made (figures stay open until closed, and many slow the suite)."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def lies_inside(extent, bounds, slack: float = 0.5) -> bool:
+    """Whether a drawn artist's extent lies within bounds (both in the same units), to half a unit."""
+    return (extent.x0 >= bounds.x0 - slack and extent.y0 >= bounds.y0 - slack and extent.x1 <= bounds.x1 + slack
+            and extent.y1 <= bounds.y1 + slack)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from analysis import capacity  # noqa: E402
@@ -20,12 +19,14 @@ from analysis.load import load_sweep  # noqa: E402
 from analysis.plots import arm_style  # noqa: E402
 from analysis.render import write_table  # noqa: E402
 from analysis.report import run_notebook  # noqa: E402
+from conftest import lies_inside  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "analysis" / "fixtures" / "sweep"  # no emulated size
 SIZE = 24.0
 COMPILE = 5.0  # every synthetic phase starts with a compile step this long; the medians must leave it out
 WARM_UP = (COMPILE, 0.3, 0.3)  # phase 0 of a compiled arm, before the final phase
 COMPILED = ("deepcompile", "ds_offload", "offload")
+pytestmark = pytest.mark.usefixtures("close_figures")
 
 
 def oom(stage, phase):
@@ -86,12 +87,6 @@ def ladder_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def points(ladder_dir):
     return load_sweep(ladder_dir).points
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def test_cells_are_final_phase_medians_or_where_the_point_ran_out(points):
@@ -200,11 +195,6 @@ def test_peak_reserved_draws_the_emulated_device_line_and_the_first_ooms_on_it(p
     assert "(GB)" in ax.get_ylabel()
 
 
-def inside(extent, bounds):
-    return (extent.x0 >= bounds.x0 - 0.5 and extent.y0 >= bounds.y0 - 0.5 and extent.x1 <= bounds.x1 + 0.5
-            and extent.y1 <= bounds.y1 + 0.5)
-
-
 @pytest.mark.parametrize("builder", [capacity.frontier_plot, capacity.peak_reserved_plot])
 def test_legend_and_title_lie_inside_the_figure_and_name_the_size(points, builder):
     plot = builder(points, SIZE)
@@ -217,8 +207,8 @@ def test_legend_and_title_lie_inside_the_figure_and_name_the_size(points, builde
     labels = [text.get_text() for text in legend.get_texts()]
     assert {"zero3", "offload, budget_gb=8", "first OOM (ran out of memory)"} <= set(labels)
     for artist in (legend, ax.title, ax.xaxis.label):
-        assert inside(artist.get_window_extent(renderer), figure.bbox), artist
-    assert inside(figure.get_tightbbox(renderer), figure.bbox_inches)  # nothing sticks out of the page
+        assert lies_inside(artist.get_window_extent(renderer), figure.bbox), artist
+    assert lies_inside(figure.get_tightbbox(renderer), figure.bbox_inches)  # nothing sticks out of the page
 
 
 def text_files(paths):

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from analysis.design import design
 from analysis.fixtures.synthetic import write_point
-from analysis.load import load_sweep, load_sweeps, load_wandb, wandb_point
-from analysis.tables import design
+from analysis.load import load_sweep, load_sweeps
+from analysis.wandb_export import load_wandb, wandb_point
 from harness.sinks import flat_summary
 
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from analysis import plots  # noqa: E402
@@ -15,12 +14,7 @@ from analysis.load import load_sweep  # noqa: E402
 from harness.metrics import quartiles  # noqa: E402
 
 COMPILE = 5.0
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("close_figures")
 
 
 @pytest.fixture
@@ -140,3 +134,13 @@ def test_same_inputs_give_identical_plot_data_and_files(budget_sweep, tmp_path):
         assert [path.suffix for path in written] == [".pdf", ".png", ".csv"]
         assert all(path.stat().st_size > 0 for path in written)
         assert [path.read_bytes() for path in written] == [path.read_bytes() for path in rewritten]
+
+
+def test_budget_figures_of_a_sweep_without_offload_points_say_so(tmp_path):
+    write_point(tmp_path, 0, arm="zero3", phase_times=[(COMPILE, 1.0, 1.2, 1.1)])
+    write_point(tmp_path, 1, arm="zero_offload", phase_times=[(COMPILE, 2.0, 2.2, 2.1)])
+    for builder in (plots.step_time_vs_budget, plots.peak_reserved_vs_budget):
+        plot = builder(load_sweep(tmp_path).points)
+        ax = plot.figure.axes[0]
+        assert [text.get_text() for text in ax.texts] == ["no offload points in this sweep"]
+        assert list(plot.data.loc[plot.data["kind"] == "reference", "series"]) == ["zero3"]

@@ -118,7 +118,7 @@ def test_failed_points_appear_with_their_status(report):
         label, micro_batch = row_label(config), config["train"]["micro_batch"]
         cells = [shown.loc[label, f"mb {micro_batch} {name}"] for name in ("s/step", "tok/s", "vs zero3")]
         assert cells == [summary["status"].upper()] * 3
-        assert summary["status"].upper() in set(memory.loc[memory["arm"].str.startswith(label), "peak reserved (GiB)"])
+        assert summary["status"].upper() in set(memory.loc[memory["arm"].str.startswith(label), "peak reserved (GB)"])
 
 
 def test_report_files_equal_the_library_output_byte_for_byte(report, tmp_path):

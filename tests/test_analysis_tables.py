@@ -5,11 +5,11 @@ import statistics
 import pandas as pd
 import pytest
 
+from analysis.design import design
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
 from analysis.render import to_latex, to_markdown, write_table
-from analysis.tables import (budget_table, design, memory_table, policies_table, swept_axis,
-                             throughput_table)
+from analysis.tables import budget_table, memory_table, policies_table, swept_axis, throughput_table
 
 COMPILE = 5.0  # every synthetic phase starts with a compile step this long; the medians must leave it out
 
@@ -63,7 +63,7 @@ def test_failed_points_show_their_status_never_a_number(mixed_sweep):
     assert display_cell(table, "offload", ("mb 4", "s/step")) == "0.25 (+DIED)"
     memory = memory_table(mixed_sweep.points)
     oom_row = memory.display[memory.display[("", "arm")] == "zero3, micro_batch=4"].iloc[0]
-    assert list(oom_row[[("", "peak allocated (GiB)"), ("", "peak reserved (GiB)")]]) == ["OOM", "OOM"]
+    assert list(oom_row[[("", "peak allocated (GB)"), ("", "peak reserved (GB)")]]) == ["OOM", "OOM"]
 
 
 def test_speedups_against_zero3_and_the_best_non_offload_arm_where_both_ran(tmp_path):
@@ -104,15 +104,15 @@ def test_knobs_of_one_arm_and_fault_injection_do_not_split_design_points(tmp_pat
                       "offload, budget_gb=null"]
 
 
-def test_memory_table_has_every_phase_in_gib(tmp_path):
+def test_memory_table_has_every_phase_in_gb_of_1e9_bytes(tmp_path):
     write_point(tmp_path, 0, arm="offload", phase_times=[steady(0.2), steady(0.1)], peak_reserved=3 * 2**30,
                 offload_bytes=2**29)
     table = memory_table(load_sweep(tmp_path).points)
     assert list(table.display[("", "phase")]) == ["0", "1"]
     # the synthetic peak of step s is 3 GiB + s bytes: phase 1's last step is step 7
     assert list(table.values["peak_reserved_bytes_max"]) == [3 * 2**30 + 3, 3 * 2**30 + 7]
-    assert list(table.display[("", "peak reserved (GiB)")]) == ["3", "3"]
-    assert list(table.display[("", "offloaded/step (GiB)")]) == ["0.5", "0.5"]
+    assert list(table.display[("", "peak reserved (GB)")]) == ["3.221", "3.221"]  # 3 GiB is 3.221e9 bytes
+    assert list(table.display[("", "offloaded/step (GB)")]) == ["0.5369", "0.5369"]
 
 
 def test_policies_table_crosses_empty_cache_with_copy_streams(tmp_path):
@@ -125,6 +125,8 @@ def test_policies_table_crosses_empty_cache_with_copy_streams(tmp_path):
     assert list(table.display[("", "empty_cache")]) == ["never", "per_step"]
     assert list(table.display[("streams single", "s/step")]) == ["0.3", "0.35"]
     assert list(table.display[("streams split", "s/step")]) == ["0.2", "0.25"]
+    # the synthetic default peak is 3 GiB (+ the step's number in bytes): 3.221 GB
+    assert list(table.display[("streams split", "peak reserved (GB)")]) == ["3.221", "3.221"]
 
 
 def test_budget_table_lists_offload_arms_by_budget(tmp_path):

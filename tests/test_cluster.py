@@ -10,10 +10,13 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+import conftest
+from conftest import driver_env
 from harness import compose, launch
 from harness.cluster import nodes, preview, stops
 from harness.errors import ConfigError
@@ -22,23 +25,8 @@ from harness.runfiles import read_jsonl
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAST = ["model=tiny", "train.steps=3", "train.seq_len=32", "logger=none"]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
-SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_NODEID",
-              "SLURM_PROCID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "SLURM_JOB_END_TIME")
-
-
-def driver_env(**slurm: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SLURM_KEYS}
-    return {**env, "WANDB_SILENT": "true", **slurm}
-
-
-def harness_cmd(tmp_path: Path, *overrides: str, multirun: bool = False) -> list[str]:
-    dirs = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
-    return [sys.executable, "-m", "harness.run", *(["-m"] if multirun else []), *FAST, *dirs, *overrides]
-
-
-def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, **slurm: str):
-    return subprocess.run(harness_cmd(tmp_path, *overrides, multirun=multirun), cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600, env=driver_env(**slurm))
+harness_cmd = partial(conftest.harness_cmd, fast=FAST)
+harness_run = partial(conftest.harness_run, fast=FAST)
 
 
 def free_port() -> int:

@@ -6,6 +6,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from conftest import BAD_VALUES
 from harness import arms
 from harness.errors import ConfigError
 from harness.models import count_parameters, flops_per_token
@@ -92,11 +93,8 @@ def test_unknown_group_option_is_one_line_naming_the_group():
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["train.steps=0"], "train.steps"),
-    (["train.micro_batch=-1"], "train.micro_batch"),
-    (["offload.budget_gb=-1"], "offload.budget_gb"),
+    *BAD_VALUES,
     (["offload.budget_gb=4", "offload.budget_fraction=0.5"], "offload.budget_gb"),
-    (["arm=ds_offload", "arm.offload_optimizer=cpu"], "arm.offload_optimizer"),
     (["arm=ds_offload", "arm.variant=fast"], "arm.variant"),
     (["train.seq_len=4096"], "train.seq_len"),
     (["debug.fault=segfault"], "debug.fault"),

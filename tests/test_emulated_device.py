@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from conftest import harness_run, read_run
 from harness import emulated_device
 from harness.errors import ConfigError
-from test_runs import harness_run, load
 
 GB = 10**9
 
@@ -60,7 +60,7 @@ def test_the_size_reaches_every_rank_and_an_oom_point_says_where(tmp_path):
                        "debug.fault=oom", "debug.fault_step=2", "debug.fault_rank=1", "arm.phase_starts=[0,2]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "run"
-    rows, summary = load(run_dir)
+    rows, summary = read_run(run_dir)
     worker = json.loads((run_dir / "worker.json").read_text())
     assert worker["accelerator_total_bytes_per_rank"] == [3 * GB, 3 * GB]
     assert worker["device_memory_bytes"] == 3 * GB == worker["device_total_bytes"]

@@ -4,7 +4,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,45 +11,24 @@ import psutil
 import pytest
 import yaml
 
-from analysis.load import is_design_column, load_sweep
+from analysis.columns import is_design_column
+from analysis.load import load_sweep
 from analysis.tables import failed_statuses
+from conftest import BAD_VALUES, TINY_RUN, driver_env, harness_cmd, harness_run, read_run
 from harness.metrics import quartiles
 from harness.runfiles import read_jsonl
 from harness.sinks import flat_summary, mirror_to_wandb
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-FAST = ["model=tiny", "train.steps=4", "train.seq_len=32"]
-
-
-DRIVER_ENV = {**os.environ, "WANDB_SILENT": "true"}
-
-
-def harness_cmd(tmp_path: Path, *overrides: str, multirun: bool = False, config_dir: Path | None = None) -> list[str]:
-    """The driver's command line as a user would type it; run/sweep dirs go under tmp_path."""
-    dirs = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
-    added = ["--config-dir", str(config_dir)] if config_dir else []  # Hydra's flags come before the overrides
-    return [sys.executable, "-m", "harness.run", *added, *(["-m"] if multirun else []), *FAST, *dirs, *overrides]
-
-
-def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, timeout: int = 600,
-                config_dir: Path | None = None, env: dict | None = None):
-    return subprocess.run(harness_cmd(tmp_path, *overrides, multirun=multirun, config_dir=config_dir),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=env or DRIVER_ENV)
 
 
 def file_modes(run_dir: Path) -> dict[str, int]:
     return {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir() if p.is_file()}
 
 
-def load(run_dir: Path):
-    return read_jsonl(run_dir / "steps.jsonl"), json.loads((run_dir / "summary.json").read_text())
-
-
 def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     proc = harness_run(tmp_path, "logger=wandb", "arm.phase_starts=[0,2]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "run"
-    rows, summary = load(run_dir)
+    rows, summary = read_run(run_dir)
     assert summary["status"] == "ok" and len(rows) == 4
     assert [r["phase"] for r in rows] == [0, 0, 1, 1] and [r["phase_step"] for r in rows] == [0, 1, 0, 1]
     for phase in summary["phases"]:
@@ -86,7 +64,7 @@ def test_multirun_records_a_killed_point_and_goes_on(tmp_path):
     index = read_jsonl(tmp_path / "sweep" / "index.jsonl")
     assert [line["status"] for line in index] == ["ok", "died"]
     assert "debug.fault=null" in index[0]["overrides"] and "debug.fault=kill" in index[1]["overrides"]
-    died_rows, died = load(tmp_path / "sweep" / index[1]["run_dir"])
+    died_rows, died = read_run(tmp_path / "sweep" / index[1]["run_dir"])
     assert died["status"] == "died" and died["steps_completed"] == 1 == len(died_rows)
     assert "SIGKILL" in died["reason"] or "-9" in died["reason"]
 
@@ -133,7 +111,7 @@ def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
     assert index[1]["reason"].startswith("no new step for ") and index[1]["reason"].endswith(
         " s after step 1 (2 of 4 steps)")
     for line in index:
-        rows, summary = load(tmp_path / "sweep" / line["run_dir"])
+        rows, summary = read_run(tmp_path / "sweep" / line["run_dir"])
         assert summary["steps_completed"] == 2 == len(rows)  # the steps before the failure are kept
     assert not is_design_column("launcher.stall_timeout_s")  # the analysis does not tell points apart by it
 
@@ -163,7 +141,7 @@ def test_ctrl_c_stops_every_rank_records_the_point_interrupted_and_ends_the_swee
     fault = ["debug.fault=hang", "debug.fault_step=2"] if hung else []
     cmd = harness_cmd(tmp_path, "logger=none", "train.steps=100000", *fault, "train.repeat=0,1", multirun=True)
     with open(tmp_path / "driver.out", "w") as out:  # a file, not a pipe nobody reads while the point runs
-        driver = subprocess.Popen(cmd, cwd=tmp_path, env=DRIVER_ENV, stdout=out, stderr=subprocess.STDOUT)
+        driver = subprocess.Popen(cmd, cwd=tmp_path, env=driver_env(), stdout=out, stderr=subprocess.STDOUT)
     steps = wait_for_steps(driver, tmp_path, "sweep/0_*/steps.jsonl", 2)
     ranks = psutil.Process(driver.pid).children(recursive=True)  # torchrun and the rank
     assert len(ranks) >= 2
@@ -178,14 +156,14 @@ def test_ctrl_c_stops_every_rank_records_the_point_interrupted_and_ends_the_swee
     sweep = load_sweep(tmp_path / "sweep")  # the analysis reads the status, the report prints it
     assert list(sweep.points["status"]) == ["interrupted"] and not sweep.problems
     assert failed_statuses(sweep.points["status"]) == "INTERRUPTED"
-    rows, summary = load(steps.parent)
+    rows, summary = read_run(steps.parent)
     assert summary["status"] == "interrupted" and summary["reason"].startswith("SIGINT after ")
     assert summary["steps_completed"] == len(rows) >= 2  # the steps done are kept
     if hung:
         assert len(rows) == 2
 
 
-# 30 overrides at values that run quickly (with FAST's three); Hydra names a point's folder from all of them
+# 30 overrides at values that run quickly (with TINY_RUN's three); Hydra names a point's folder from all of them
 LONG_POINT = [
     "model.config.hidden_size=64", "model.config.intermediate_size=128", "model.config.num_hidden_layers=2",
     "model.config.num_attention_heads=4", "model.config.num_key_value_heads=2", "model.config.head_dim=16",
@@ -208,7 +186,7 @@ def test_a_sweep_point_with_30_overrides_gets_a_folder_name_that_fits(tmp_path):
     for line, lr in zip(index, (0.001, -1)):
         assert len(line["run_dir"].encode()) < 255 and line["run_dir"].split("_", 1)[0].isdigit()
         keys = {override.split("=")[0] for override in line["overrides"]}  # the sweep respells values (1e-06)
-        assert {override.split("=")[0] for override in LONG_POINT + FAST} <= keys and len(keys) >= 30
+        assert {override.split("=")[0] for override in LONG_POINT + TINY_RUN} <= keys and len(keys) >= 30
         config = yaml.safe_load((tmp_path / "sweep" / line["run_dir"] / "config.yaml").read_text())
         assert config["train"]["lr"] == lr and config["offload"]["margin"] == 0.25
 
@@ -220,7 +198,7 @@ def test_two_rank_gloo_run(tmp_path, run_file_mode):
     proc = harness_run(tmp_path, "logger=none", "launcher.nproc_per_node=2", "debug.profile_step=2",
                        "debug.memory_trace_step=1", "env.reserved_cap_gb=1", "arm.phase_starts=[0,2,50]")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows, summary = load(tmp_path / "run")
+    rows, summary = read_run(tmp_path / "run")
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert summary["status"] == "ok" and summary["world_size"] == 2 and env["world_size"] == 2
     assert all(r["tokens"] == 2 * 2 * 32 for r in rows)
@@ -244,7 +222,7 @@ def test_profile_and_memory_trace_of_one_step_on_cuda(tmp_path):
     proc = harness_run(tmp_path, "logger=none", "train.torch_adam=true", "debug.profile_step=1",
                        "debug.memory_trace_step=2")
     run = tmp_path / "run"
-    _, summary = load(run)
+    _, summary = read_run(run)
     assert summary["status"] == "ok", proc.stdout[-3000:] + proc.stderr[-3000:]
 
     trace = json.loads((run / "memory_trace.json").read_text())
@@ -267,7 +245,7 @@ def test_reserved_cap_bounds_reserved_memory_on_cuda(tmp_path):
     for name in ("free", "capped"):
         (tmp_path / name).mkdir()
     harness_run(tmp_path / "free", *big)
-    free_rows, free_summary = load(tmp_path / "free" / "run")
+    free_rows, free_summary = read_run(tmp_path / "free" / "run")
     assert free_summary["status"] == "ok"
     allocated = max(r["peak_allocated_bytes"] for r in free_rows)
     reserved = max(r["peak_reserved_bytes"] for r in free_rows)
@@ -277,7 +255,7 @@ def test_reserved_cap_bounds_reserved_memory_on_cuda(tmp_path):
                     "allocated; no cap between them to test")
 
     proc = harness_run(tmp_path / "capped", *big, f"env.reserved_cap_gb={cap / 1e9}")
-    rows, summary = load(tmp_path / "capped" / "run")
+    rows, summary = read_run(tmp_path / "capped" / "run")
     assert summary["status"] == "ok", proc.stdout[-3000:] + proc.stderr[-3000:]
     assert all(r["peak_reserved_bytes"] <= cap for r in rows)
     # the cap changes where blocks land, not the math; ZeRO-3's GPU reductions are not bitwise repeatable
@@ -287,7 +265,7 @@ def test_reserved_cap_bounds_reserved_memory_on_cuda(tmp_path):
 def test_cuda_arm_on_cpu_is_skipped_not_crashed(tmp_path):
     proc = harness_run(tmp_path, "logger=none", "arm=deepcompile")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _, summary = load(tmp_path / "run")
+    _, summary = read_run(tmp_path / "run")
     assert summary["status"] == "skipped" and "CUDA" in summary["reason"]
 
 
@@ -316,9 +294,9 @@ def test_a_new_arm_is_one_class_and_one_yaml(tmp_path):
         "_target_: throwaway_arm.Halves\nname: halves\nphase_starts: [0]\noffload_optimizer: null\n")
     path = os.pathsep.join([str(tmp_path / "code"), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = harness_run(tmp_path, "logger=none", "arm=halves", config_dir=tmp_path / "conf",
-                       env={**DRIVER_ENV, "PYTHONPATH": path})
+                       env={**driver_env(), "PYTHONPATH": path})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows, summary = load(tmp_path / "run")
+    rows, summary = read_run(tmp_path / "run")
     assert summary["status"] == "ok" and summary["arm"] == "halves"
     assert [phase["first_step"] for phase in summary["phases"]] == [0, 2]  # train.steps=4: the class's phases
     assert [row["phase"] for row in rows] == [0, 0, 1, 1]
@@ -328,10 +306,7 @@ def test_a_new_arm_is_one_class_and_one_yaml(tmp_path):
 @pytest.mark.parametrize("overrides,key", [
     (["arm=nonexistent"], "arm"),
     (["model=nonexistent"], "model"),
-    (["train.steps=0"], "train.steps"),
-    (["train.micro_batch=0"], "train.micro_batch"),
-    (["offload.budget_gb=-2"], "offload.budget_gb"),
-    (["arm=ds_offload", "arm.offload_optimizer=cpu"], "arm.offload_optimizer"),
+    *BAD_VALUES,
 ])
 def test_bad_input_exits_nonzero_with_one_line_and_records_nothing_ok(tmp_path, overrides, key):
     proc = harness_run(tmp_path, "logger=none", *overrides)

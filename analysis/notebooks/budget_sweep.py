@@ -23,26 +23,17 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from pathlib import Path
-
 from analysis import plots
-from analysis.load import load_sweep
-from analysis.render import write_table
+from analysis.notebook import open_report
 from analysis.tables import budget_table
 
-sweep = load_sweep(sweep_dir)
-print(sweep.problem_report() or "every run file read")
-tables_dir, figures_dir = Path(out_dir) / "tables", Path(out_dir) / "figures"
+report = open_report(sweep_dir, out_dir)
 
 # %%
-table = budget_table(sweep.points)
-write_table(table, tables_dir)
-table.display
+report.table(budget_table(report.points))
 
 # %%
-plot = plots.step_time_vs_budget(sweep.points)
-plots.save_plot(plot, figures_dir);
+report.figure(plots.step_time_vs_budget(report.points));
 
 # %%
-plot = plots.peak_reserved_vs_budget(sweep.points)
-plots.save_plot(plot, figures_dir);
+report.figure(plots.peak_reserved_vs_budget(report.points));

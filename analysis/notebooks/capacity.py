@@ -25,16 +25,13 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from pathlib import Path
-
 from analysis.capacity import capacity_lines, write_capacity_files
-from analysis.load import load_sweep
+from analysis.notebook import open_report
 
-sweep = load_sweep(sweep_dir)
-print(sweep.problem_report() or "every run file read")
-print("\n".join(capacity_lines(sweep.points)))
+report = open_report(sweep_dir, out_dir)
+print("\n".join(capacity_lines(report.points)))
 
 # %%
-written = write_capacity_files(sweep.points, out_dir)
+written = write_capacity_files(report.points, report.out_dir)
 if written:
-    print("\n".join(str(path.relative_to(Path(out_dir))) for path in written))
+    print("\n".join(str(path.relative_to(report.out_dir)) for path in written))

@@ -14,30 +14,23 @@
 
 # %% [markdown]
 # # Memory
-# Peak allocated and reserved memory per phase (GiB), bytes offloaded and reloaded per step, allocator
-# retries; peak reserved memory step by step, where growth after a phase boundary shows.
+# Peak allocated and reserved memory per phase, bytes offloaded and reloaded per step (GB = 1e9 bytes, as
+# everywhere in the harness), allocator retries; peak reserved memory step by step, where growth after a phase
+# boundary shows.
 
 # %% tags=["parameters"]
 sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<timestamp>
 out_dir = "report"
 
 # %%
-from pathlib import Path
-
 from analysis import plots
-from analysis.load import load_sweep
-from analysis.render import write_table
+from analysis.notebook import open_report
 from analysis.tables import memory_table
 
-sweep = load_sweep(sweep_dir)
-print(sweep.problem_report() or "every run file read")
-tables_dir, figures_dir = Path(out_dir) / "tables", Path(out_dir) / "figures"
+report = open_report(sweep_dir, out_dir)
 
 # %%
-table = memory_table(sweep.points)
-write_table(table, tables_dir)
-table.display
+report.table(memory_table(report.points))
 
 # %%
-plot = plots.step_series(sweep.points, sweep.steps, "peak_reserved_bytes")
-plots.save_plot(plot, figures_dir);
+report.figure(plots.step_series(report.points, report.steps, "peak_reserved_bytes"));

@@ -22,16 +22,10 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from pathlib import Path
-
-from analysis.load import load_sweep
-from analysis.render import write_table
+from analysis.notebook import open_report
 from analysis.tables import policies_table
 
-sweep = load_sweep(sweep_dir)
-print(sweep.problem_report() or "every run file read")
+report = open_report(sweep_dir, out_dir)
 
 # %%
-table = policies_table(sweep.points)
-write_table(table, Path(out_dir) / "tables")
-table.display
+report.table(policies_table(report.points))

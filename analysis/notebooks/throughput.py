@@ -23,30 +23,21 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from pathlib import Path
-
 from analysis import plots
-from analysis.load import load_sweep
-from analysis.render import write_table
+from analysis.notebook import open_report
 from analysis.tables import throughput_table
 
-sweep = load_sweep(sweep_dir)
-print(sweep.problem_report() or "every run file read")
-tables_dir, figures_dir = Path(out_dir) / "tables", Path(out_dir) / "figures"
+report = open_report(sweep_dir, out_dir)
 
 # %% [markdown]
 # Cells: median over the repeats of each run's final-phase median, `[min, max]` over repeats where they
 # differ; a point that did not run shows how it ended (`OOM`, `DIED`, `SKIPPED`, ...).
 
 # %%
-table = throughput_table(sweep.points)
-write_table(table, tables_dir)
-table.display
+report.table(throughput_table(report.points))
 
 # %%
-plot = plots.throughput_vs_micro_batch(sweep.points)
-plots.save_plot(plot, figures_dir);
+report.figure(plots.throughput_vs_micro_batch(report.points));
 
 # %%
-plot = plots.step_series(sweep.points, sweep.steps, "step_time_s")
-plots.save_plot(plot, figures_dir);
+report.figure(plots.step_series(report.points, report.steps, "step_time_s"));

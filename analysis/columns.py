@@ -1,0 +1,113 @@
+"""The tidy row of one point: which config keys become which columns, the summary flattened into stat columns,
+and which columns describe a design point (as opposed to its results or how it was run)."""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from harness.arms.registry import TARGET
+from harness.checks import lookup
+
+# Config keys the analysis names by a short column; other top-level arm knobs become arm_<knob>, and any
+# other overridden key keeps its dotted name.
+CONFIG_COLUMNS = {
+    "model.name": "model",
+    "arm.name": "arm",
+    "train.micro_batch": "micro_batch",
+    "train.seq_len": "seq_len",
+    "train.steps": "steps",
+    "train.grad_accum": "grad_accum",
+    "train.dtype": "dtype",
+    "train.seed": "seed",
+    "train.repeat": "repeat",
+    "offload.budget_gb": "budget_gb",
+    "offload.budget_fraction": "budget_fraction",
+    "offload.margin": "margin",
+    "offload.mode": "offload_mode",
+    "offload.empty_cache": "empty_cache",
+    "offload.streams": "streams",
+    "offload.reload": "reload",
+    "offload.release": "release",
+    "offload.peak_cap_gb": "peak_cap_gb",
+    "env.device_memory_gb": "device_memory_gb",  # the emulated device size (null: the real device)
+    "launcher.nproc_per_node": "nproc_per_node",
+    "launcher.nnodes": "nnodes",
+    "sweep.name": "sweep_name",
+}
+SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
+                   "planned_offload_bytes", "device_memory_bytes")
+# summary.json's `oom` block (where and by how much a point ran out of memory) as oom_<field> columns.
+OOM_FIELDS = ("stage", "phase", "step", "requested_bytes", "free_bytes", "limit_bytes", "reserved_bytes",
+              "allocated_bytes", "message")
+OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
+# Columns saying where a point came from or what it measured, never how it was configured.
+RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS,
+                            *OOM_COLUMNS))
+STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
+# Config that runs a point but does not define it (fault injection, logging, the driver's timeout): a
+# point with an injected fault stands where a real failure of the same design point would.
+OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$")
+MISSING = object()  # a config key that is not there, as opposed to one set to null
+
+
+def is_config_column(column: str) -> bool:
+    return column not in RESULT_COLUMNS and not column.startswith("env_") and not STAT_PREFIX.match(column)
+
+
+def is_design_column(column: str) -> bool:
+    return is_config_column(column) and not OPERATIONAL.match(column)
+
+
+def cell_value(value: Any) -> Any:
+    """Lists and dicts become JSON text so that points can be grouped and compared by them."""
+    if isinstance(value, (list, tuple, Mapping)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
+               overrides: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Config columns of one point: the standard short names, arm knobs, then any other overridden key,
+    by its value in the config, or as written in the override when the config has no such key (a group
+    choice that the resolved config does not name, e.g. '+experiments/pr8186_rows=zero3')."""
+    overrides = overrides or {}
+    row = {column: cell_value(lookup(config, key, None)) for key, column in CONFIG_COLUMNS.items()}
+    arm = config.get("arm") if isinstance(config.get("arm"), Mapping) else {}
+    covered = set(CONFIG_COLUMNS)
+    for knob, value in arm.items():
+        if knob not in ("name", TARGET) and not isinstance(value, Mapping):  # TARGET names the arm's class
+            row[f"arm_{knob}"] = cell_value(value)
+            covered.add(f"arm.{knob}")
+    for key in override_keys:
+        value = lookup(config, key, MISSING)
+        if key in covered or isinstance(value, Mapping):  # a Mapping is a named group: arm=zero3 -> arm.name
+            continue
+        row[key] = overrides.get(key) if value is MISSING else cell_value(value)
+    return row
+
+
+def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Status, run facts, the oom block and every phase's stats flattened: oom_phase, phase0_step_time_s_median,
+    final_n, ..."""
+    row = {key: summary.get(key) for key in SUMMARY_SCALARS}
+    oom = summary.get("oom")  # null, or missing in summaries older than the capacity campaign
+    row.update({f"oom_{field}": oom.get(field) if isinstance(oom, Mapping) else None for field in OOM_FIELDS})
+    phases = summary.get("phases") or []
+    row["n_phases"] = len(phases)
+    for position, phase in enumerate(phases):
+        row.update(_flatten_stats(phase, f"phase{phase.get('phase', position)}"))
+    if summary.get("final"):
+        row.update(_flatten_stats(summary["final"], "final"))
+    return row
+
+
+def _flatten_stats(stats: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    flat = {}
+    for name, value in stats.items():
+        if isinstance(value, Mapping):
+            flat.update({f"{prefix}_{name}_{stat}": number for stat, number in value.items()})
+        else:
+            flat[f"{prefix}_{name}"] = value
+    return flat

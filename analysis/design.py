@@ -1,0 +1,90 @@
+"""Design points and their labels: which config columns tell the points of a sweep apart, and a label that
+names a point by its arm and only the keys that vary between the points shown beside it, in a fixed order."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from analysis.columns import CONFIG_COLUMNS, is_design_column
+
+REPEAT_COLUMNS = ("repeat", "seed")
+# Columns that name where a point was run rather than how: a label shows one only where the other keys
+# leave two points of an arm looking the same (two sweeps of the same design).
+NAMING_COLUMNS = ("sweep_name",)
+_STANDARD_ORDER = [column for column in CONFIG_COLUMNS.values() if column not in NAMING_COLUMNS]
+
+
+def is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def format_value(value: Any) -> str:
+    """A config value in a label: integral floats (pandas' ints with gaps) without '.0', missing as null."""
+    if is_missing(value):
+        return "null"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def varies(column: pd.Series) -> bool:
+    """More than one value, a missing one (an auto budget, say) counting as a value of its own."""
+    return column.map(format_value).nunique() > 1
+
+
+def label_order(column: str) -> tuple[int, int, str]:
+    """The fixed order of keys in a label, whatever the order of the overrides: the arm's own knobs
+    (arm_<knob>) next to the arm, then the standard columns in their order (workload, offload knobs, device,
+    ranks), then any other key alphabetically, naming columns last."""
+    if column.startswith("arm_"):
+        return (0, 0, column)
+    if column in _STANDARD_ORDER:
+        return (1, _STANDARD_ORDER.index(column), column)
+    if column in NAMING_COLUMNS:
+        return (3, NAMING_COLUMNS.index(column), column)
+    return (2, 0, column)
+
+
+@dataclass(frozen=True)
+class Design:
+    """What tells design points apart: `keys` = arm plus every config column that varies between the points
+    of one arm (repeats aside); `shown` = per arm, the keys that vary between its points, in label order;
+    `values` = per arm, the distinct values of those keys as labels write them."""
+
+    keys: list[str]
+    shown: dict[str, list[str]]
+    values: dict[str, pd.DataFrame]
+
+    def label(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
+        """'offload, budget_gb=12, empty_cache=phase': the arm and what else sets this point apart from the
+        arm's other points; keys in `leave_out` are shown elsewhere (an axis, a column)."""
+        arm = row["arm"]
+        leave_out = set(leave_out)
+        settings = [key for key in self.shown.get(arm, []) if key not in NAMING_COLUMNS]
+        keys = [key for key in self.shown.get(arm, []) if key not in leave_out
+                and (key not in NAMING_COLUMNS or self._needed(arm, key, settings))]
+        return ", ".join([str(arm), *(f"{key}={format_value(row[key])}" for key in keys)])
+
+    def _needed(self, arm: str, naming: str, settings: list[str]) -> bool:
+        """Whether some points of the arm that agree on every setting differ in this naming key."""
+        if not settings:
+            return True
+        return bool((self.values[arm].groupby(settings)[naming].nunique() > 1).any())
+
+
+def design(points: pd.DataFrame) -> Design:
+    """Knobs that only one arm has (or that differ only between arms) are told apart by the arm already.
+    Pass the points a table or figure shows: a key varies or not between those."""
+    candidates = [column for column in points.columns
+                  if is_design_column(column) and column not in REPEAT_COLUMNS and column != "arm"]
+    shown, values = {}, {}
+    for arm, rows in points.groupby("arm", sort=False):
+        shown[arm] = sorted((column for column in candidates if varies(rows[column])), key=label_order)
+        values[arm] = pd.DataFrame({column: rows[column].map(format_value)
+                                    for column in shown[arm]}).drop_duplicates()
+    keys = ["arm", *[column for column in candidates if any(column in columns for columns in shown.values())]]
+    return Design(keys=keys, shown=shown, values=values)
