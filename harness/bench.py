@@ -17,13 +17,13 @@ from pathlib import Path
 
 import yaml
 
-from harness import arms
+from harness import arms, schema
 from harness.arms import BenchRole
 from harness.envinfo import REPO_ROOT
 from harness.errors import ConfigError
 from harness.sinks import STEPS_FILE, SUMMARY_FILE, iter_run_dirs, read_jsonl
 
-KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "evict_from", "peak_cap_gb")  # our pass's, as in conf/offload
+KNOBS = schema.pass_knobs()  # our pass's, in the schema's order
 
 
 LIMITS = ("device_memory_gb", "reserved_cap_gb")  # an emulated device size, an allocator ceiling inside it

@@ -75,9 +75,10 @@ from typing import Any, NoReturn
 
 from harness.budget import GB
 from harness.errors import ConfigError
+from harness.schema import OffloadConfig, choices
 
-RELOAD_POLICIES = ("asap", "at_end")
-RELEASE_POLICIES = ("recorded", "ordered")
+RELOAD_POLICIES = choices(OffloadConfig, "reload")
+RELEASE_POLICIES = choices(OffloadConfig, "release")
 
 
 @dataclass(frozen=True)
