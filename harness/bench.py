@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from harness import arms
+from harness import arms, schema
 from harness.arms import BenchRole
 from harness.envinfo import REPO_ROOT
 from harness.errors import ConfigError
@@ -27,7 +27,7 @@ from harness.runfiles import read_jsonl
 from harness.sinks import iter_run_dirs
 from harness.units import GB
 
-KNOBS = ("mode", "empty_cache", "streams", "reload", "release", "evict_from", "auto_rule", "peak_cap_gb")  # our pass's, as in conf/offload
+KNOBS = schema.pass_knobs()  # our pass's, in the schema's order
 
 
 LIMITS = ("device_memory_gb", "reserved_cap_gb")  # an emulated device size, an allocator ceiling inside it

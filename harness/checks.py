@@ -1,5 +1,5 @@
 """Checks of one config value by kind (a number in a range, a choice), each refusing with one ConfigError
-that names the key. validate.py applies them through tables of keys; budget.py and the offload pass reuse them."""
+that names the key. The config schema (harness/schema/) gives each key its check."""
 from __future__ import annotations
 
 import math
@@ -74,7 +74,6 @@ class Choice:
 
 POSITIVE_INT = Number(low=1, integer=True)
 POSITIVE = Number(low=0, low_open=True)
-NULL_OR_POSITIVE = Number(low=0, low_open=True, nullable=True)
 BOOL = Choice((True, False))
 
 
@@ -86,15 +85,3 @@ def lookup(cfg: Mapping[str, Any], dotted: str, default: Any = MISSING) -> Any:
             return default
         node = node[part]
     return node
-
-
-def check_keys(cfg: Mapping[str, Any], table: Mapping[str, Number | Choice], required: bool = True) -> None:
-    """Check every key of the table; an absent key is refused as missing, or skipped where not `required`
-    (a key that only some options of a group have, such as arm.schedule)."""
-    for key, kind in table.items():
-        value = lookup(cfg, key)
-        if value is MISSING:
-            if required:
-                raise ConfigError(key, "missing")
-            continue
-        kind.check(key, value)

@@ -9,18 +9,22 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-FAMILIES = ("qwen3", "llama")
+from harness.schema import ModelConfig, choices
+
+FAMILIES = choices(ModelConfig, "family")
+# Each family's transformers config and causal-LM classes (the families themselves: harness/schema/).
+TRANSFORMERS_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
 
 
 def hf_config(model_cfg: Mapping[str, Any]):
     """The transformers config object for a preset (`family` + `config` kwargs)."""
-    from transformers import LlamaConfig, Qwen3Config
+    import transformers
 
     family = model_cfg["family"]
     if family not in FAMILIES:
         from harness.errors import ConfigError
         raise ConfigError("model.family", f"unknown family {family!r}; expected one of {FAMILIES}")
-    config_cls = {"qwen3": Qwen3Config, "llama": LlamaConfig}[family]
+    config_cls = getattr(transformers, TRANSFORMERS_CLASSES[family][0])
     return config_cls(**dict(model_cfg["config"]))
 
 
@@ -30,10 +34,10 @@ def model_factory(model_cfg: Mapping[str, Any]) -> Callable[[], torch.nn.Module]
     Call it under `deepspeed.zero.Init`; make the factory before entering it: zero.Init patches
     tensor construction, and transformers' lazy imports (which pull in torch._dynamo) fail under it.
     """
-    from transformers import LlamaForCausalLM, Qwen3ForCausalLM
+    import transformers
 
     config = hf_config(model_cfg)
-    model_cls = {"qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM}[model_cfg["family"]]
+    model_cls = getattr(transformers, TRANSFORMERS_CLASSES[model_cfg["family"]][1])
     return lambda: model_cls(config)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sinks import read_jsonl
+from harness.runfiles import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))

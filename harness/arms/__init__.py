@@ -6,8 +6,8 @@ and phase starts, its checks, its counters and planned bytes; its class attribut
 analysis shows it. DeepSpeed and torch are imported only inside the methods that run them, so the driver,
 `harness bench` and analysis import this package without them.
 """
-from harness.arms.base import DTYPES, Arm, BenchRole, CompiledArm, Display, EagerArm, OffloadPassArm
+from harness.arms.base import Arm, BenchRole, CompiledArm, Display, EagerArm, OffloadPassArm
 from harness.arms.registry import arm_names, class_of, from_config, registered
 
-__all__ = ["DTYPES", "Arm", "BenchRole", "CompiledArm", "Display", "EagerArm", "OffloadPassArm", "arm_names",
+__all__ = ["Arm", "BenchRole", "CompiledArm", "Display", "EagerArm", "OffloadPassArm", "arm_names",
            "class_of", "from_config", "registered"]

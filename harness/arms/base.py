@@ -1,17 +1,17 @@
 """The Arm base classes: what every arm shares (ZeRO-3, its DeepSpeed config, its checks) and the defaults of
 its traits; one module per arm beside this one subclasses them.
 
-An arm's knobs are the dataclass fields (the keys of conf/arm/NAME.yaml); its traits are class attributes,
-read by the driver (what it needs), the dry-run memory estimate, `harness bench` and analysis (how it is shown).
+An arm's knobs are the dataclass fields (the keys of conf/arm/NAME.yaml), typed as the config schema reads them
+(harness/schema/fields.py); its traits are class attributes, read by the driver (what it needs), the dry-run
+memory estimate, `harness bench` and analysis (how it is shown).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional
 
 from harness.errors import ConfigError
 
-DTYPES = ("bf16", "fp16", "fp32")
 OTHER_ORDER = 1000  # arms without a place in a fixed order come after those with one
 
 
@@ -37,7 +37,7 @@ class Display:
 class Arm:
     """One way to train the same model with ZeRO-3."""
     name: str
-    offload_optimizer: str | None  # cpu: ZeRO-Offload (the optimizer and its states on the host)
+    offload_optimizer: Optional[Literal["cpu"]]  # cpu: ZeRO-Offload (the optimizer and its states on the host)
 
     needs_cuda: ClassVar[bool] = False
     offloads_opt_states: ClassVar[bool] = False  # moves optimizer states off the device within the offload budget
@@ -101,30 +101,30 @@ class Arm:
         return None
 
 
+class PhaseStarts:
+    """Steps where phases begin: a list that starts at 0 and increases strictly (null or empty: one phase)."""
+
+    def check(self, key: str, value: Any) -> None:
+        starts = value or [0]
+        steps_ok = isinstance(starts, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in starts)
+        if not steps_ok or starts[0] != 0 or sorted(set(starts)) != starts:
+            raise ConfigError(key, f"must be a list of steps that starts at 0 and increases strictly, got {starts!r}")
+
+
 @dataclass(frozen=True)
 class EagerArm(Arm):
     """No compile: one phase, unless `phase_starts` marks more (e.g. to compare warm-up)."""
-    phase_starts: list[int]
-
-    def check(self, cfg: Mapping[str, Any]) -> None:
-        super().check(cfg)
-        check_phase_starts(self.phase_starts or [0])
+    phase_starts: Annotated[Optional[list], PhaseStarts()]
 
     def compile(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list[int]:
         return list(self.phase_starts or [0])
-
-
-def check_phase_starts(starts: Any) -> None:
-    steps_ok = isinstance(starts, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in starts)
-    if not steps_ok or starts[0] != 0 or sorted(set(starts)) != starts:
-        raise ConfigError("arm.phase_starts", f"must be a list of steps that starts at 0 and increases strictly, got {starts!r}")
 
 
 @dataclass(frozen=True)
 class CompiledArm(Arm):
     """DeepCompile: the arm's compile schedule goes to `engine.compile`; its entries are the phase boundaries
     (DeepCompile recompiles at each)."""
-    compile_backend: str  # inductor | eager
+    compile_backend: Literal["inductor", "eager"]
 
     needs_cuda: ClassVar[bool] = True
 

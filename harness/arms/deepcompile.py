@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Literal, Mapping
 
 from harness.arms.base import BenchRole, CompiledArm, Display, gather_release
 
 
 @dataclass(frozen=True)
 class DeepCompile(CompiledArm):
-    schedule: str  # default (gather/release, then prefetch + selective gather from DeepCompile's warm-up) | z3_only
+    # default: gather/release, then prefetch + selective gather from DeepCompile's warm-up; z3_only: gather/release
+    schedule: Literal["default", "z3_only"]
 
     bench_role: ClassVar[str] = BenchRole.REFERENCE
     display: ClassVar[Display] = Display("DeepCompile", "#E69F00", "s", table_order=1, capacity_order=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
 from harness.arms.base import BenchRole, Display, OffloadPassArm, gather_release
 from harness.errors import ConfigError
@@ -12,7 +12,7 @@ from harness.errors import ConfigError
 
 @dataclass(frozen=True)
 class DsOffload(OffloadPassArm):
-    variant: str  # async (planned against the budget) | sync (all out, all back, blocking)
+    variant: Literal["async", "sync"]  # async: planned against the budget; sync: all out, all back, blocking
 
     bench_role: ClassVar[str] = BenchRole.PEER
     display: ClassVar[Display] = Display("DeepSpeed offload", "#009E73", "^", table_order=2, capacity_order=3)

@@ -8,27 +8,12 @@ predicted_peak_bytes()                              the step's peak allocated by
 """
 from __future__ import annotations
 
-from harness.budget import BUDGET_FRACTION, BUDGET_GB, MARGIN, check_budget_keys
-from harness.checks import Choice, Number, check_keys
+from harness import schema
 from harness.errors import ConfigError
 from harness.units import GB
 
 __all__ = ["check_config", "check_knobs", "install", "counters", "planned_offload_bytes", "predicted_peak_bytes"]
 
-KNOBS = {
-    "mode": ("async", "blocking"),
-    "empty_cache": ("never", "once_per_phase", "per_step"),
-    "streams": ("split", "single"),
-    "reload": ("asap", "at_end"),
-    "release": ("recorded", "ordered"),
-    "evict_from": ("start", "planning_step"),
-    "auto_rule": ("margin", "device_limit"),
-}
-KNOB_CHECKS = {
-    **{f"offload.{key}": Choice(allowed) for key, allowed in KNOBS.items()},
-    "offload.budget_gb": BUDGET_GB, "offload.budget_fraction": BUDGET_FRACTION, "offload.margin": MARGIN,
-    "offload.peak_cap_gb": Number(low=0, nullable=True),
-}
 _ON_HOST = ("cpu", "nvme")
 _installed = None  # the OffloadPass of the engine install() set up in this process
 
@@ -81,10 +66,7 @@ def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
 def check_knobs(offload_cfg: dict) -> None:
     """The offload group's own keys (its knobs and the budget); validate checks them for every arm, so a sweep
     over arms with a typo in them refuses every point, not only the offload arm's."""
-    check_keys({"offload": offload_cfg}, KNOB_CHECKS)
-    check_budget_keys(offload_cfg["budget_gb"], offload_cfg["budget_fraction"], offload_cfg["margin"])
-    if offload_cfg["release"] == "ordered" and offload_cfg["mode"] == "blocking":
-        raise ConfigError("offload.release", "ordered release needs mode=async (blocking copies all out and waits)")
+    schema.check_group("offload", {"offload": offload_cfg})
 
 
 def peak_cap_bytes(offload_cfg: dict) -> int | None:

@@ -73,10 +73,11 @@ from typing import NoReturn
 
 from harness.errors import ConfigError
 from harness.offload.profile import Profile, Task, byte_count, expect, load_profile, parse_profile
+from harness.schema import OffloadConfig, choices
 from harness.units import GB
 
-RELOAD_POLICIES = ("asap", "at_end")
-RELEASE_POLICIES = ("recorded", "ordered")
+RELOAD_POLICIES = choices(OffloadConfig, "reload")
+RELEASE_POLICIES = choices(OffloadConfig, "release")
 
 
 # ---------------------------------------------------------------- planning

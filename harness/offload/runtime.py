@@ -20,11 +20,12 @@ from typing import Callable, Iterable
 from harness.offload import ops
 from harness.offload.mover import StateMover, StateSlot
 from harness.offload.states import StateTask
+from harness.schema import OffloadConfig, choices
 
 logger = logging.getLogger(__name__)
 
-MODES = ("async", "blocking")
-EMPTY_CACHE_POLICIES = ("never", "once_per_phase", "per_step")
+MODES = choices(OffloadConfig, "mode")
+EMPTY_CACHE_POLICIES = choices(OffloadConfig, "empty_cache")
 
 
 class EmptyCachePolicy:

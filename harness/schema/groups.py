@@ -1,0 +1,172 @@
+"""One dataclass per config group: each field is one key of conf/<group>/ (its default lives there), its type the
+values it allows (harness/schema/fields.py says how to read them); `check` holds the rules that tie a group's keys
+together or to other groups', run once every value alone has passed. A new key is one field line here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+from harness.checks import POSITIVE, POSITIVE_INT, Number
+from harness.errors import ConfigError
+from harness.schema.fields import SOMETIMES
+
+COUNT = Number(low=0, integer=True)  # a step, a rank, a count
+WHOLE_ELEMENTS = Number(low=1, whole=True)  # an element count such as 5e7 (null: DeepSpeed's default)
+
+
+class Group:
+    """A config group's schema."""
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        """Rules over several keys (of the whole config); raises ConfigError naming the key at fault."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """model.config: the dimensions transformers needs, and those it derives when absent or null."""
+    hidden_size: Annotated[int, POSITIVE_INT]
+    num_hidden_layers: Annotated[int, POSITIVE_INT]
+    num_attention_heads: Annotated[int, POSITIVE_INT]
+    vocab_size: Annotated[int, Number(low=2, integer=True)]
+    intermediate_size: Annotated[Optional[int], POSITIVE_INT, SOMETIMES]
+    num_key_value_heads: Annotated[Optional[int], POSITIVE_INT, SOMETIMES]
+    head_dim: Annotated[Optional[int], POSITIVE_INT, SOMETIMES]
+    max_position_embeddings: Annotated[Optional[int], POSITIVE_INT, SOMETIMES]
+    rope_theta: Annotated[Optional[float], POSITIVE, SOMETIMES]
+    rms_norm_eps: Annotated[Optional[float], POSITIVE, SOMETIMES]
+    tie_word_embeddings: Annotated[bool, SOMETIMES]
+
+
+@dataclass(frozen=True)
+class ModelConfig(Group):
+    name: str
+    family: Literal["qwen3", "llama"]
+    config: ModelShape
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        """Heads must split the hidden size (unless head_dim sets their width) and kv heads must split the heads."""
+        shape = cfg["model"]["config"]
+        hidden, heads = shape["hidden_size"], shape["num_attention_heads"]
+        if shape.get("head_dim") is None and hidden % heads:
+            raise ConfigError("model.config.num_attention_heads",
+                              f"must divide hidden_size {hidden} (or set model.config.head_dim), got {heads}")
+        kv_heads = shape.get("num_key_value_heads")
+        if kv_heads is not None and heads % kv_heads:
+            raise ConfigError("model.config.num_key_value_heads",
+                              f"must divide num_attention_heads {heads}, got {kv_heads}")
+
+
+@dataclass(frozen=True)
+class TrainConfig(Group):
+    micro_batch: Annotated[int, POSITIVE_INT]
+    seq_len: Annotated[int, POSITIVE_INT]
+    steps: Annotated[int, POSITIVE_INT]
+    grad_accum: Annotated[int, POSITIVE_INT]
+    dtype: Literal["bf16", "fp16", "fp32"]
+    lr: Annotated[float, POSITIVE]
+    seed: Annotated[int, Number(integer=True)]
+    repeat: Annotated[int, COUNT]
+    sub_group_size: Annotated[Optional[float], WHOLE_ELEMENTS]
+    reduce_bucket_size: Annotated[Optional[float], WHOLE_ELEMENTS]
+    torch_adam: Optional[bool]
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        seq_len, max_positions = cfg["train"]["seq_len"], cfg["model"]["config"].get("max_position_embeddings")
+        if max_positions is not None and seq_len > max_positions:
+            raise ConfigError("train.seq_len", f"{seq_len} exceeds the model's max_position_embeddings {max_positions}")
+
+
+@dataclass(frozen=True)
+class BudgetConfig(Group):
+    """The offload budget every offload arm plans against (resolved to bytes once, harness/budget.py)."""
+    budget_gb: Annotated[Optional[float], Number(low=0)]
+    budget_fraction: Annotated[Optional[float], Number(low=0, high=1)]
+    margin: Annotated[float, Number(low=0, high=1, high_open=True)]
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        offload = cfg["offload"]
+        if offload["budget_gb"] is not None and offload["budget_fraction"] is not None:
+            raise ConfigError("offload.budget_gb", "set at most one of offload.budget_gb and offload.budget_fraction")
+
+
+@dataclass(frozen=True)
+class OffloadConfig(BudgetConfig):
+    """The offload group: the budget, then our pass's knobs (arm=offload; DeepSpeed's pass has them hard-wired)."""
+    mode: Literal["async", "blocking"]
+    empty_cache: Literal["never", "once_per_phase", "per_step"]
+    streams: Literal["split", "single"]
+    reload: Literal["asap", "at_end"]
+    release: Literal["recorded", "ordered"]
+    evict_from: Literal["start", "planning_step"]
+    auto_rule: Literal["margin", "device_limit"]
+    peak_cap_gb: Annotated[Optional[float], Number(low=0)]
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        super().check(cfg)
+        if cfg["offload"]["release"] == "ordered" and cfg["offload"]["mode"] == "blocking":
+            raise ConfigError("offload.release", "ordered release needs mode=async (blocking copies all out and waits)")
+
+
+@dataclass(frozen=True)
+class LauncherConfig(Group):
+    nproc_per_node: Annotated[int, POSITIVE_INT]
+    nnodes: Annotated[int, POSITIVE_INT]
+    timeout_s: Annotated[float, POSITIVE]
+    stall_timeout_s: Annotated[Optional[float], POSITIVE]
+    rdzv_backend: Optional[str]
+    rdzv_endpoint: Optional[str]
+    rdzv_port: Annotated[Optional[int], Number(low=1, high=65535, integer=True), SOMETIMES]
+    dist_timeout_min: Annotated[Optional[float], POSITIVE, SOMETIMES]
+    requeue: Annotated[bool, SOMETIMES]
+    gpu_memory_gb: Annotated[Optional[float], POSITIVE, SOMETIMES]
+
+
+@dataclass(frozen=True)
+class LoggerConfig(Group):
+    name: Literal["wandb", "none"]
+    mode: Annotated[Literal["offline", "online", "disabled"], SOMETIMES]  # wandb's keys
+    project: Annotated[Optional[str], SOMETIMES]
+    entity: Annotated[Optional[str], SOMETIMES]
+
+
+@dataclass(frozen=True)
+class EnvConfig(Group):
+    pytorch_cuda_alloc_conf: Optional[str]
+    device_memory_gb: Annotated[Optional[float], POSITIVE]
+    reserved_cap_gb: Annotated[Optional[float], POSITIVE]
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        from harness import emulated_device  # it reads GB from harness.budget, which reads this schema
+
+        emulated_device.check(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
+
+
+@dataclass(frozen=True)
+class DebugConfig(Group):
+    fault: Optional[Literal["kill", "oom", "hang", "slow"]]
+    fault_step: Annotated[int, COUNT]
+    fault_rank: Annotated[int, COUNT]
+    fault_sleep_s: Annotated[float, Number(low=0)]
+    profile_step: Annotated[Optional[int], COUNT]
+    memory_trace_step: Annotated[Optional[int], COUNT]
+    copy_delay_us: Annotated[int, Number(low=0, high=1_000_000, integer=True)]
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        """A step to look inside must be a step of the run."""
+        steps = cfg["train"]["steps"]
+        for key in ("profile_step", "memory_trace_step"):
+            value = cfg["debug"][key]
+            if value is not None and not value < steps:
+                raise ConfigError(f"debug.{key}", f"must be null or a step in [0, train.steps={steps}), got {value!r}")
+
+
+@dataclass(frozen=True)
+class SweepConfig(Group):
+    name: str  # the W&B group and the sweep folder's name
