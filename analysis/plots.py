@@ -297,6 +297,8 @@ def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_t
             ax.set_xlabel("step")
             ax.set_ylabel(axis_label)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if own["step"].max() - own["step"].min() < 1:  # one step: integer ticks need a unit of room around it
+                ax.set_xlim(own["step"].min() - 1, own["step"].max() + 1)
             if values.notna().any() and values.min() > 0 and values.max() / values.min() > LOG_SCALE_RATIO:
                 ax.set_yscale("log")
                 ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 0.2, 0.5, 1, 2, 5: room for each
