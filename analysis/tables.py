@@ -229,6 +229,33 @@ def memory_table(points: pd.DataFrame) -> Table:
     return Table("memory", values, display_frame(lines))
 
 
+TRANSFER_COLUMNS = {  # final-phase median per step -> (column title, divisor)
+    "final_offload_bytes_median": ("offloaded (GB)", GB),
+    "final_copy_d2h_busy_s_median": ("D2H busy (s)", 1),
+    "final_copy_h2d_busy_s_median": ("H2D busy (s)", 1),
+    "final_offload_stall_s_median": ("compute waits (s)", 1),
+    STEP_TIME: ("step (s)", 1),
+}
+
+
+def has_transfers(points: pd.DataFrame) -> bool:
+    """Whether any point measured its copies (our pass, since stalls are recorded)."""
+    column = "final_offload_stall_s_median"
+    return column in points and points[column].notna().any()
+
+
+def transfers_table(points: pd.DataFrame) -> Table:
+    """Hidden against exposed transfer, per design point that measured its copies (final phase, per step): bytes
+    offloaded, how long each copy stream was busy, how long compute stood waiting for them, the step time."""
+    measured = points[points["final_offload_stall_s_median"].notna()]
+    points_design = design(measured)
+    values = aggregate_repeats(measured, points_design.keys, list(TRANSFER_COLUMNS))
+    lines = [{("", "arm"): points_design.label(row), ("", "runs"): _runs(row),
+              **{("", name): cell(row, value, scale) for value, (name, scale) in TRANSFER_COLUMNS.items()}}
+             for row in values.to_dict("records")]
+    return Table("transfers", values, display_frame(lines))
+
+
 def _runs(row: Mapping[str, Any]) -> str:
     return f"{row['n_ok']}/{row['n_runs']} ok"
 

@@ -171,3 +171,18 @@ def test_speedups_compare_points_under_the_same_emulated_device(tmp_path):
     table = throughput_table(load_sweep(tmp_path).points)
     assert display_cell(table, "offload", ("seq 64", "vs zero3")) == "4.00x"  # 24 GB zero3, not 80 GB
     assert display_cell(table, "zero3, device_memory_gb=80", ("seq 64", "vs zero3")) == "1.00x"
+
+
+def test_transfers_table_lists_only_points_that_measured_their_copies():
+    from pathlib import Path
+
+    from analysis.tables import has_transfers, transfers_table
+
+    sweep = load_sweep(Path(__file__).resolve().parents[1] / "results" / "pass_at_limit" / "sweep")
+    measured = sweep.points[sweep.points["final_offload_stall_s_median"].notna()]
+    assert has_transfers(sweep.points) and 0 < len(measured) < len(sweep.points)  # deepcompile has no copies
+    table = transfers_table(sweep.points)
+    assert len(table.display) == len(measured)
+    waits = sorted(float(text) for text in table.display[("", "compute waits (s)")])
+    assert waits == pytest.approx(sorted(measured["final_offload_stall_s_median"]), rel=1e-3)
+    assert not has_transfers(sweep.points[sweep.points["arm"] == "deepcompile"])
