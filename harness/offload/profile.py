@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.errors import ConfigError
 
+
 @dataclass(frozen=True)
 class Node:
     graph_id: int
