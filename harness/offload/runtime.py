@@ -153,7 +153,8 @@ class OffloadRuntime:
                 ops.COUNTERS.reload_bytes += slot.task.nbytes
 
     def _end_backward(self) -> None:
-        # before the end-of-backward reloads: what forward and backward needed, which the planner predicts
+        # the step's peak so far, before the end-of-backward reloads; it includes the moment before the launch,
+        # when every state is still on the device from the last optimizer step
         self.readings["fwd_bwd_peak_allocated_bytes"] = self.mover.device.peak_allocated_bytes()
         if self.blocking:
             self._reload(tuple(self.slots))
