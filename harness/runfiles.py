@@ -37,13 +37,12 @@ MEMORY_TRACE = "memory_trace.json"
 WANDB_DIR = "wandb"
 RANK_ERRORS = "error.rank*.json"            # glob patterns of rank_error and node_failure
 NODE_FAILURES = "node*.failed.json"
-NODE_LOGS = "worker.node*.log"               # glob pattern of node_log for nodes > 0
 ATTEMPTS_DIR = "attempts"                   # earlier attempts at the point, attempts/N/
 INDEX = "index.jsonl"                       # in the sweep dir: one line per point
 
 # The files of one attempt at a point; a requeued or re-run point sets them aside before it starts again.
-ATTEMPT_FILES = (CONFIG, HYDRA_DIR, STEPS, SUMMARY, WORKER, ENV, LOG, NODE_LOGS, PROFILE, PLAN, WANDB_DIR,
-                 RANK_ERRORS, NODE_FAILURES, TORCH_TRACE, TORCH_OPS, MEMORY_SNAPSHOT, MEMORY_TRACE)
+ATTEMPT_FILES = (CONFIG, HYDRA_DIR, STEPS, SUMMARY, WORKER, ENV, LOG, PROFILE, PLAN, WANDB_DIR, RANK_ERRORS,
+                 NODE_FAILURES, TORCH_TRACE, TORCH_OPS, MEMORY_SNAPSHOT, MEMORY_TRACE)
 
 
 def rank_error(rank: int) -> str:

@@ -118,14 +118,14 @@ def test_gb_is_defined_once():
 
 def test_a_requeued_point_sets_its_earlier_attempt_aside(tmp_path):
     assert runfiles.set_aside_previous_attempt(tmp_path) is None
-    for name in ("steps.jsonl", "summary.json", "worker.log", "worker.node1.log", "error.rank3.json", "config.yaml"):
+    for name in ("steps.jsonl", "summary.json", "worker.log", "error.rank3.json", "config.yaml"):
         (tmp_path / name).write_text(name)
     (tmp_path / "wandb").mkdir()
     (tmp_path / ".hydra").mkdir()
     first = runfiles.set_aside_previous_attempt(tmp_path)
     assert first == tmp_path / "attempts" / "0"
     assert sorted(p.name for p in first.iterdir()) == [".hydra", "config.yaml", "error.rank3.json", "steps.jsonl",
-                                                        "summary.json", "wandb", "worker.log", "worker.node1.log"]
+                                                        "summary.json", "wandb", "worker.log"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts"]  # the attempt is kept whole
     (tmp_path / "config.yaml").write_text("a config error leaves only its config and summary")
     assert runfiles.set_aside_previous_attempt(tmp_path) == tmp_path / "attempts" / "1"
