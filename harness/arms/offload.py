@@ -22,7 +22,7 @@ class Offload(OffloadPassArm):
         from harness import offload
 
         return offload.install(engine, dict(cfg["offload"]), budget_bytes, run_dir,
-                               copy_delay_us=cfg["debug"].get("copy_delay_us", 0))
+                               copy_delay_us=cfg["debug"]["copy_delay_us"])
 
     def offload_counter_reader(self) -> Callable[[], dict]:
         from harness import offload

@@ -81,7 +81,7 @@ def uses_device_rule(offload_cfg: dict) -> bool:
     DeepSpeed's total x (1 - margin). Experimental: the overhead measured after emptying the cache misses the
     fragmentation of the running step (an emulated 16 GB run planned 15.59 GB and ran out)."""
     no_budget = offload_cfg["budget_gb"] is None and offload_cfg["budget_fraction"] is None
-    return no_budget and offload_cfg.get("auto_rule", "margin") == "device_limit"
+    return no_budget and offload_cfg["auto_rule"] == "device_limit"
 
 
 def counters() -> dict:

@@ -9,9 +9,9 @@ param_manager, bwd)`, run once per graph at the step where a schedule entry star
   node, the empty-cache op and one launch op naming every task; the launch op offloads at run time only the
   tasks the plan offloads, because the plan needs the backward profile, which exists only once backward is
   compiled. Later forward graphs (graph breaks) get nothing: all offloads start at the head of the step.
-- plan, forward, release=ordered: also up to RELEASE_SITES release ops, evenly spaced, each before a node. Which
-  states each one frees is decided with the plan (the planner names a node per state; the state goes to the
-  last site at or before it, so it is freed no later than planned).
+- plan, forward, release=ordered: also up to graph_edit.RELEASE_SITES release ops, evenly spaced, each before a
+  node. Which states each one frees is decided with the plan (the planner names a node per state; the state goes
+  to the last site at or before it, so it is freed no later than planned).
 - plan, backward: record the profile, call the planner (plan.py) on everything recorded so far, and insert this
   graph's reloads. The last backward graph (the first forward graph's) also gets the end-of-backward op; its
   plan, made from the complete profile, is final: it arms the runtime and is written to the run dir.
@@ -43,11 +43,6 @@ from harness.offload.runtime import OffloadRuntime
 from harness.offload.states import discover_tasks
 
 logger = logging.getLogger(__name__)
-
-_COMPUTE_NAMESPACES = ("aten", "prims")
-RELEASE_SITES = 32  # per forward graph: fine enough to track the forward's memory growth, cheap per step
-PREFERRED_ANCHOR_OPS = frozenset({"dc::reduce_grad"})
-
 
 # ---------------------------------------------------------------- run-dir files
 

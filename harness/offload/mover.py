@@ -51,6 +51,7 @@ class Device(Protocol):
 class CudaDevice:
     def __init__(self, device: torch.device):
         self.device = device
+        self._cycles: float | None = None  # device clock cycles per microsecond, for sleep_us
 
     def current_stream(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
@@ -91,7 +92,7 @@ class CudaDevice:
         torch.cuda._sleep(int(microseconds * self._cycles_per_us()))
 
     def _cycles_per_us(self) -> float:
-        if not hasattr(self, "_cycles"):  # measured once: the spin counts clock cycles, whose rate varies by GPU
+        if self._cycles is None:  # measured once: the spin counts clock cycles, whose rate varies by GPU
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             torch.cuda._sleep(10_000_000)

@@ -79,7 +79,7 @@ from collections import deque
 from typing import NoReturn
 
 from harness.errors import ConfigError
-from harness.offload.profile import Profile, Task, byte_count, expect, load_profile, parse_profile
+from harness.offload.profile import Profile, Task, byte_count, calibrate, expect, load_profile, parse_profile
 from harness.schema import OffloadConfig, choices
 from harness.units import GB
 
@@ -186,7 +186,7 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: s
     cap_bytes = budget_bytes if cap_bytes is None else byte_count(cap_bytes, "offload.peak_cap_bytes")
     _check_policies(reload, release)
     n_resident = count_resident(parsed.tasks, budget_bytes, parsed.forward_peak_bytes)
-    plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release, predict_on=parse_profile(profile))
+    plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release, predict_on=calibrate(parsed))
     return {**plan, "budget_bytes": budget_bytes, "feasible": plan["predicted_peak_bytes"] <= budget_bytes,
             "rule": "budget"}
 
