@@ -18,11 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from harness import arms, schema
+from harness import arms, runfiles, schema
 from harness.arms import BenchRole
 from harness.envinfo import REPO_ROOT
 from harness.errors import ConfigError
-from harness import runfiles
 from harness.runfiles import read_jsonl
 from harness.sinks import iter_run_dirs
 from harness.units import GB
@@ -128,7 +127,7 @@ def stall_and_prediction(point: dict) -> str:
         parts.append(f"copy stall {stall:.4f} s/step")
     error = prediction_error(point)
     if error is not None:
-        parts.append(f"predicted peak {summary['predicted_peak_bytes'] / 1e9:.2f} GB ({error:+.1%} of measured)")
+        parts.append(f"predicted peak {summary['predicted_peak_bytes'] / GB:.2f} GB ({error:+.1%} of measured)")
     return "".join(f" | {part}" for part in parts)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, ClassVar, Literal, Mapping
 
 from harness.arms.base import BenchRole, Display, OffloadPassArm, gather_release
 from harness.errors import ConfigError
+from harness.units import GB
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class DsOffload(OffloadPassArm):
         from deepspeed.compile.passes import offload_adam_states as ds_pass
 
         # DeepSpeed's pass reads its budget from this hook; both passes plan against the same bytes.
-        os.environ["DS_DC_OFFLOAD_OPT_BUDGET_GB"] = repr(budget_bytes / 1e9)
+        os.environ["DS_DC_OFFLOAD_OPT_BUDGET_GB"] = repr(budget_bytes / GB)
         if self.variant == "sync":
             return [(0, [gather_release()]), (1, [gather_release(), ds_pass.move_opt_states_sync])]
         # States exist after step 0's optimizer step: evict them, profile on the emptied GPU, plan.

@@ -41,6 +41,7 @@ from harness.offload.profiling import ProfileBuilder, graph_nodes_profile, memor
 from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device, plan_to_json
 from harness.offload.runtime import OffloadRuntime
 from harness.offload.states import discover_tasks
+from harness.units import GB
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class OffloadPass:
             if self.budget_bytes is None:  # the device rule counts what the allocator holds beyond live bytes
                 self._overhead_bytes = self.runtime.allocator_overhead_bytes()
         logger.info("offload: evicted %d optimizer states (%.2f GB) before profiling", len(self.runtime.slots),
-                    moved / 1e9)
+                    moved / GB)
         return None
 
     def plan(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
@@ -224,6 +225,6 @@ class OffloadPass:
             self.files.write(phase, self._builder.to_dict(), record)
             # one line in the worker log: the fact a reader of a run needs first
             print(f"offload: phase {phase} plan: {len(plan['offloaded'])} of {len(self.runtime.slots)} states "
-                  f"offloaded ({plan['offloaded_bytes'] / 1e9:.2f} of {plan['total_state_bytes'] / 1e9:.2f} GB), "
-                  f"{len(placements)} reload ops, predicted peak {plan['predicted_peak_bytes'] / 1e9:.2f} GB, "
-                  f"budget {plan['budget_bytes'] / 1e9:.2f} GB, feasible={plan['feasible']}", flush=True)
+                  f"offloaded ({plan['offloaded_bytes'] / GB:.2f} of {plan['total_state_bytes'] / GB:.2f} GB), "
+                  f"{len(placements)} reload ops, predicted peak {plan['predicted_peak_bytes'] / GB:.2f} GB, "
+                  f"budget {plan['budget_bytes'] / GB:.2f} GB, feasible={plan['feasible']}", flush=True)
