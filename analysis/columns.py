@@ -25,6 +25,7 @@ CONFIG_COLUMNS = {
     "offload.budget_gb": "budget_gb",
     "offload.budget_fraction": "budget_fraction",
     "offload.margin": "margin",
+    "offload.auto_rule": "auto_rule",
     "offload.mode": "offload_mode",
     "offload.empty_cache": "empty_cache",
     "offload.streams": "streams",
@@ -37,7 +38,7 @@ CONFIG_COLUMNS = {
     "sweep.name": "sweep_name",
 }
 SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
-                   "planned_offload_bytes", "device_memory_bytes")
+                   "planned_offload_bytes", "predicted_peak_bytes", "device_memory_bytes")
 # summary.json's `oom` block (where and by how much a point ran out of memory) as oom_<field> columns.
 OOM_FIELDS = ("stage", "phase", "step", "requested_bytes", "free_bytes", "limit_bytes", "reserved_bytes",
               "allocated_bytes", "message")

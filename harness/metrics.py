@@ -9,13 +9,17 @@ import torch
 from harness.offload.stalls import TIMES as OFFLOAD_TIMES
 
 # An offload arm's step-record fields: counts and device seconds (per-step deltas of cumulative counters), and
-# our pass's memory readings of the step (forward start, forward + backward peak; allocated bytes).
+# our pass's allocator reading at the forward's start (before its launch op).
 OFFLOAD_COUNTS = ("offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls")
 OFFLOAD_COUNTERS = OFFLOAD_COUNTS + OFFLOAD_TIMES
-OFFLOAD_GAUGES = ("fwd_start_allocated_bytes", "fwd_bwd_peak_allocated_bytes")
+OFFLOAD_GAUGES = ("fwd_start_allocated_bytes",)
+# The step's segments the monitor reads peaks for, in order: forward + backward (to engine.backward's return),
+# then the optimizer step. Every arm's step record has `<segment>_peak_allocated_bytes`.
+SEGMENTS = ("fwd_bwd", "opt_step")
+SEGMENT_PEAKS = tuple(f"{segment}_peak_allocated_bytes" for segment in SEGMENTS)
 # Step-record fields that are aggregated across ranks, and how.
 RANK_MAX_FIELDS = ("step_time_s", "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms",
-                   *OFFLOAD_TIMES, *OFFLOAD_GAUGES)
+                   *SEGMENT_PEAKS, *OFFLOAD_TIMES, *OFFLOAD_GAUGES)
 RANK_MIN_FIELDS = OFFLOAD_COUNTS
 
 
@@ -56,14 +60,16 @@ def phase_stats(phase: int, rows: list[dict]) -> dict[str, Any]:
         "step_time_s": quartiles(_present(measured, "step_time_s")),
         "tokens_per_s": quartiles(_present(measured, "tokens_per_s")),
         "tflops_per_gpu": quartiles(_present(measured, "tflops_per_gpu")),
-        "peak_allocated_bytes": {"max": maxima["peak_allocated_bytes"]},
+        # steady_max: steps after the phase's first, whose peak can be the compiler's (DeepCompile's profiling)
+        "peak_allocated_bytes": {"max": maxima["peak_allocated_bytes"],
+                                 "steady_max": max(_present(measured, "peak_allocated_bytes"), default=None)},
         "peak_reserved_bytes": {"max": maxima["peak_reserved_bytes"]},
         "alloc_retries": {"sum": sums["alloc_retries"]},
         "ooms": {"sum": sums["ooms"]},
         "offload_bytes": {"median": quartiles(_present(measured, "offload_bytes"))["median"]},
         "reload_bytes": {"median": quartiles(_present(measured, "reload_bytes"))["median"]},
         **{k: {"median": quartiles(_present(measured, k))["median"]} for k in OFFLOAD_TIMES},
-        "fwd_bwd_peak_allocated_bytes": {"max": max(_present(rows, "fwd_bwd_peak_allocated_bytes"), default=None)},
+        **{k: {"steady_max": max(_present(measured, k), default=None)} for k in SEGMENT_PEAKS},
     }
 
 
@@ -79,21 +85,36 @@ def physical_total_bytes(device: torch.device) -> int | None:
 
 
 class MemoryMonitor:
-    """Per-step device memory peaks and allocator events (None everywhere on a CPU run). `emulated_bytes` is the
-    emulated device size (env.device_memory_gb), which every memory-aware decision sees instead of the real one."""
+    """Per-step device memory peaks, per segment of the step (SEGMENTS), and allocator events (None everywhere on
+    a CPU run). `emulated_bytes` is the emulated device size (env.device_memory_gb), which every memory-aware
+    decision sees instead of the real one."""
 
     def __init__(self, device: torch.device, emulated_bytes: int | None = None):
         self.cuda = device.type == "cuda"
         self.device = device
         self.emulated_bytes = emulated_bytes
         self._retries = self._ooms = 0
+        self._segments: dict[str, tuple[int, int]] = {}  # this step's closed segments: (allocated, reserved) peaks
         if self.cuda:
             stats = torch.cuda.memory_stats(device)
             self._retries, self._ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
 
     def reset_peaks(self) -> None:
+        """A step starts: its peaks count from here."""
+        self._segments = {}
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+
+    def end_segment(self, segment: str) -> None:
+        """Close a segment of the step (SEGMENTS; with gradient accumulation each micro-batch closes each once, and
+        the segment keeps its highest peaks) and start counting the next one's peaks from here."""
+        if not self.cuda:
+            return
+        stats = torch.cuda.memory_stats(self.device)
+        allocated, reserved = self._segments.get(segment, (0, 0))
+        self._segments[segment] = (max(allocated, stats.get("allocated_bytes.all.peak", 0)),
+                                   max(reserved, stats.get("reserved_bytes.all.peak", 0)))
+        torch.cuda.reset_peak_memory_stats(self.device)
 
     def device_total_bytes(self) -> int | None:
         """The device size decisions are made against: the emulated one, else the real one."""
@@ -108,13 +129,19 @@ class MemoryMonitor:
         return total - free - torch.cuda.memory_reserved(self.device)
 
     def step_stats(self) -> dict[str, int | None]:
-        """Peaks since the last reset, and allocator retries/OOMs since the last call."""
+        """The step's peaks (over its segments and whatever ran after the last one), each segment's allocated peak,
+        and allocator retries/OOMs since the last call."""
         if not self.cuda:
-            return {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "alloc_retries": None, "ooms": None}
+            return {"peak_allocated_bytes": None, "peak_reserved_bytes": None, **dict.fromkeys(SEGMENT_PEAKS),
+                    "alloc_retries": None, "ooms": None}
         stats = torch.cuda.memory_stats(self.device)
         retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
-        out = {"peak_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
-               "peak_reserved_bytes": stats.get("reserved_bytes.all.peak", 0),
+        peaks = [*self._segments.values(),
+                 (stats.get("allocated_bytes.all.peak", 0), stats.get("reserved_bytes.all.peak", 0))]
+        out = {"peak_allocated_bytes": max(allocated for allocated, _ in peaks),
+               "peak_reserved_bytes": max(reserved for _, reserved in peaks),
+               **{f"{segment}_peak_allocated_bytes": self._segments[segment][0] if segment in self._segments else None
+                  for segment in SEGMENTS},
                "alloc_retries": retries - self._retries, "ooms": ooms - self._ooms}
         self._retries, self._ooms = retries, ooms
         return out

@@ -199,7 +199,9 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
             ids = models.synthetic_batch(generator, train["micro_batch"], train["seq_len"], vocab, device)
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
+            monitor.end_segment("fwd_bwd")
             engine.step()
+            monitor.end_segment("opt_step")
             loss_sum += loss.detach().float()
         slow_down(cfg, step, rank)
         synchronize(device)  # the one sync per step: the time covers all queued device work
@@ -209,6 +211,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
                   "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(), **counters.step_deltas(),
                   "traced": diagnostics.traces(step)}
         record = aggregate_over_ranks(record, device)
+        arm.observe_step(record)
         record["tokens"] = tokens
         record["tokens_per_s"] = tokens / record["step_time_s"]
         record["tflops_per_gpu"] = flops_per_token * tokens / record["step_time_s"] / world / 1e12

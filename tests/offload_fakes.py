@@ -63,7 +63,7 @@ class FakeDevice:
         self.pinned_allocations = 0
         self.empty_cache_calls = 0
         self.active_stream = self.compute
-        self.allocated = self.peak_allocated = self.reserved = 0  # what the allocator reports, set by a test
+        self.allocated = self.reserved = 0  # what the allocator reports, set by a test
 
     def current_stream(self) -> FakeStream:
         return self.active_stream
@@ -102,9 +102,6 @@ class FakeDevice:
 
     def allocated_bytes(self) -> int:
         return self.allocated
-
-    def peak_allocated_bytes(self) -> int:
-        return self.peak_allocated
 
     def reserved_bytes(self) -> int:
         return self.reserved

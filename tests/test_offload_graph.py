@@ -18,6 +18,7 @@ from harness.offload.mover import StateMover
 from harness.offload.plan import make_plan
 from harness.offload.profile import parse_profile
 from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
+from harness.offload.states import discover_tasks
 from offload_fakes import FakeDevice, FakeZero3Optimizer, init_deepspeed_on_cpu
 
 ops.register_ops()
@@ -504,7 +505,7 @@ def test_schedule_satisfies_deepspeed_contracts_and_registers_both_passes(tmp_pa
     validate_schedule(plan, registry)
     with pytest.raises(PassContractError):  # planning without a prior eviction is refused
         validate_schedule([(1, [zero3_compile.NAME, schedule.PLAN_PASS])], registry)
-    assert [schedule.phase_at(plan, step) for step in range(4)] == [0, 1, 1, 1]
+    assert [schedule.phase_at(plan, step) for step in range(4)] == [0, 0, 1, 1]  # step 1: a measured phase-0 step
 
     fwd, bwd = traced_graphs()
     harness.run(fwd, 1, [(1, True)], bwd=False)
@@ -545,3 +546,29 @@ def test_a_backward_graph_handed_to_the_pass_again_keeps_its_reloads(tmp_path):
     harness.run(bwd, 1, [(1, True)], bwd=True)
     assert sorted(task_of(node) for node in our_ops(bwd.graph, ops.RELOAD)) == sorted(TASK_BYTES)
     assert len(read_plan(tmp_path)["placements"]) == len(TASK_BYTES)
+
+
+def test_the_steady_step_before_planning_gives_the_measured_peak_and_the_optimizer_transient(tmp_path):
+    harness = Harness(tmp_path, budget=10_000)
+    pass_, runtime = harness.pass_, harness.runtime
+    runtime.adopt(discover_tasks(harness.optimizer))  # sub-groups of 72 and 48 state bytes
+    runtime.forward_start_bytes = 1000
+    pass_.observe_step({"phase_step": 0, "fwd_bwd_peak_allocated_bytes": 9, "opt_step_peak_allocated_bytes": 9})
+    facts = pass_._step_facts()  # a compile step measures the profiler, not the step: ignored
+    assert "measured_fwd_bwd_peak_bytes" not in facts and facts["step_transient_bytes"] == 24  # one fp32 gradient
+    runtime.out_until_plan = True  # evict_from=start: the states are out but each sub-group's at its own update
+    pass_.observe_step({"phase_step": 1, "fwd_bwd_peak_allocated_bytes": 5000, "opt_step_peak_allocated_bytes": 1102})
+    facts = pass_._step_facts()
+    assert facts["measured_fwd_bwd_peak_bytes"] == 5000 and facts["step_transient_bytes"] == 1102 - 1000 - 72
+    runtime.out_until_plan = False  # evict_from=planning_step: every state on the device through the step
+    pass_.observe_step({"phase_step": 2, "fwd_bwd_peak_allocated_bytes": 5000, "opt_step_peak_allocated_bytes": 1150})
+    facts = pass_._step_facts()
+    assert facts["measured_fwd_bwd_peak_bytes"] == 5000 - 120 and facts["step_transient_bytes"] == 1150 - 1000 - 120
+    assert facts["allocator_overhead_bytes"] is None  # a budget was given: the device rule measured nothing
+    pass_._overhead_bytes, pass_.reduce_buckets = 10, (2 * 30, 30)  # after emptying the cache; two buckets
+    assert pass_._step_facts()["allocator_overhead_bytes"] == 10 + 30
+    pass_.reduce_buckets = (2 * 5, 5)
+    assert pass_._step_facts()["allocator_overhead_bytes"] == 10 + 24  # the largest state is the largest request
+    pass_.last_plan = {"offloaded_bytes": 0}  # once planned, later steps run the plan: not the model's input
+    pass_.observe_step({"phase_step": 3, "fwd_bwd_peak_allocated_bytes": 1, "opt_step_peak_allocated_bytes": 1})
+    assert pass_._step_facts()["measured_fwd_bwd_peak_bytes"] == 5000 - 120

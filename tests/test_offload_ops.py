@@ -579,7 +579,11 @@ def test_install_registers_passes_binds_the_runtime_and_gates_the_optimizer(monk
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=8 * 10**10))
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
     registered = {}
-    engine = SimpleNamespace(optimizer=FakeZero3Optimizer(), global_steps=1,
+    module = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    module.bias = torch.nn.Parameter(torch.zeros(4), requires_grad=False)  # fp32, frozen: no gradient to reduce
+    engine = SimpleNamespace(optimizer=FakeZero3Optimizer(), global_steps=1, module=module,
+                             zero_reduce_bucket_size=lambda: 1000,
+                             _config=SimpleNamespace(compile_config=SimpleNamespace(double_buffer=True)),
                              register_compile_pass=lambda name, fn, contract: registered.update({name: (fn, contract)}))
     with pytest.raises(ConfigError):
         seam.install(engine, OFFLOAD_OK, None, str(tmp_path))
@@ -593,5 +597,6 @@ def test_install_registers_passes_binds_the_runtime_and_gates_the_optimizer(monk
         engine.optimizer._prepare_sub_group(0, set())  # the gate runs, then ZeRO-3's own preparation
         assert engine.optimizer.prepared == [0]
         assert seam.planned_offload_bytes() is None  # no plan yet
+        assert seam._installed.reduce_buckets == (1000 * 2 * 2, 1000 * 2)  # bf16 gradients, double-buffered
     finally:
         ops.bind_runtime(None)

@@ -54,6 +54,20 @@ def test_backward_inputs_freed_before_a_node_come_off_it():
     assert [node.peak_bytes for node in parsed.nodes if node.bwd] == [400, 330, 160]
 
 
+def test_reduce_buckets_are_added_to_every_backward_node_only():
+    profile = {**measured_profile(measured_start=100), "reduce_bucket_bytes": 25}
+    assert [node.peak_bytes for node in parse_profile(profile).nodes] == [150, 300, 425, 405, 385]
+
+
+def test_a_measured_steady_step_moves_every_node_so_the_highest_is_the_measured_peak():
+    profile = {**measured_profile(measured_start=100), "reduce_bucket_bytes": 25, "measured_fwd_bwd_peak_bytes": 345}
+    assert [node.peak_bytes for node in parse_profile(profile).nodes] == [70, 220, 345, 325, 305]
+    as_read = parse_profile(profile, calibrated=False)  # a budget's plan is placed on the readings as profiled
+    assert [node.peak_bytes for node in as_read.nodes] == [150, 300, 400, 380, 360]
+    # the prediction follows: nothing offloaded at a budget above every node, and the end of step is lower here
+    assert make_plan(profile, 10_000)["predicted_peak_bytes"] == 345 + 100
+
+
 def test_optimizer_step_is_the_measured_start_plus_every_state_plus_its_transient():
     # budget above every node: nothing offloaded, so the step's end decides the peak
     plan = make_plan(measured_profile(measured_start=100, transient=40, freed=(0, 300, 300)), 10_000)

@@ -25,7 +25,7 @@ out_dir = "report"
 # %%
 from analysis import plots
 from analysis.notebook import open_report
-from analysis.tables import has_transfers, memory_table, transfers_table
+from analysis.tables import has_predictions, has_transfers, memory_table, prediction_table, transfers_table
 
 report = open_report(sweep_dir, out_dir)
 
@@ -33,6 +33,8 @@ report = open_report(sweep_dir, out_dir)
 report.table(memory_table(report.points))
 if has_transfers(report.points):  # our pass's copies: hidden (busy) against exposed (compute waits)
     report.table(transfers_table(report.points))
+if has_predictions(report.points):  # the planner's step model against the measured peaks
+    report.table(prediction_table(report.points, report.steps))
 
 # %%
 report.figure(plots.step_series(report.points, report.steps, "peak_reserved_bytes"));

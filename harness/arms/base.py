@@ -92,6 +92,9 @@ class Arm:
         """A function returning the arm's cumulative offload counters, or None for arms without them."""
         return None
 
+    def observe_step(self, record: Mapping[str, Any]) -> None:
+        """A finished step's record (all ranks' aggregate), for arms whose planning measures the running step."""
+
     def planned_offload_bytes(self) -> int | None:
         """Optimizer-state bytes the arm's last plan moves off the device (None for arms without a plan)."""
         return None

@@ -29,6 +29,11 @@ class Offload(OffloadPassArm):
 
         return offload.counters
 
+    def observe_step(self, record: Mapping[str, Any]) -> None:
+        from harness import offload
+
+        offload.observe_step(dict(record))
+
     def planned_offload_bytes(self) -> int | None:
         from harness import offload
 

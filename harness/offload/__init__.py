@@ -3,6 +3,7 @@
 check_config(ds_config, offload_cfg, grad_accum)  refuse what cannot work, on any machine, before launch
 install(engine, offload_cfg, budget_bytes, run_dir) register ops and passes; returns the compile schedule
 counters()                                          cumulative op counters since process start
+observe_step(record)                                a finished step's record, for the step model
 planned_offload_bytes()                             bytes the last plan moves off the device (None before one)
 predicted_peak_bytes()                              the step's peak allocated bytes that plan predicts
 """
@@ -12,7 +13,8 @@ from harness import schema
 from harness.errors import ConfigError
 from harness.units import GB
 
-__all__ = ["check_config", "check_knobs", "install", "counters", "planned_offload_bytes", "predicted_peak_bytes"]
+__all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "planned_offload_bytes",
+           "predicted_peak_bytes"]
 
 _ON_HOST = ("cpu", "nvme")
 _installed = None  # the OffloadPass of the engine install() set up in this process
@@ -78,8 +80,8 @@ def peak_cap_bytes(offload_cfg: dict) -> int | None:
 def uses_device_rule(offload_cfg: dict) -> bool:
     """No budget given and `auto_rule=device_limit`: our pass plans the least offload predicted to fit the device
     (emulated or real) less the allocator overhead measured on the run (plan.plan_for_device), instead of
-    DeepSpeed's total x (1 - margin). Experimental: the overhead measured after emptying the cache misses the
-    fragmentation of the running step (an emulated 16 GB run planned 15.59 GB and ran out)."""
+    DeepSpeed's total x (1 - margin). Opt-in: the overhead (after emptying the cache, plus the largest single
+    request) was tried at one device size and shape only."""
     no_budget = offload_cfg["budget_gb"] is None and offload_cfg["budget_fraction"] is None
     return no_budget and offload_cfg["auto_rule"] == "device_limit"
 
@@ -87,7 +89,7 @@ def uses_device_rule(offload_cfg: dict) -> bool:
 def counters() -> dict:
     """Cumulative op counters (offload_launches, reloads, offload_bytes, reload_bytes, empty_cache_calls), cumulative
     device seconds (stalls.TIMES: compute waiting on our copies, copy streams busy; call after a device sync), and the
-    last step's allocator readings at our ops (fwd_start_allocated_bytes, fwd_bwd_peak_allocated_bytes)."""
+    last step's allocator reading at our launch op (fwd_start_allocated_bytes)."""
     from harness.offload import ops  # torch stays out of the driver's config check
     if _installed is None:
         return ops.counters()
@@ -105,6 +107,22 @@ def predicted_peak_bytes() -> int | None:
     """The step's peak allocated bytes the last plan in this process predicts (None before a plan)."""
     plan = _installed.last_plan if _installed is not None else None
     return None if plan is None else int(plan["predicted_peak_bytes"])
+
+
+def observe_step(record: dict) -> None:
+    """A finished step's record (metrics: its segment peaks), for the pass's step model."""
+    if _installed is not None:
+        _installed.observe_step(record)
+
+
+def reduce_buckets(engine) -> tuple[int, int]:
+    """DeepCompile's gradient reduce buckets, (all, the largest one) in bytes: `zero_optimization.reduce_bucket_size`
+    elements per gradient dtype, twice with `compile.double_buffer`, allocated in full at backward's first
+    gradient."""
+    sizes = [int(engine.zero_reduce_bucket_size()) * dtype.itemsize
+             for dtype in {param.dtype for param in engine.module.parameters() if param.requires_grad}]
+    copies = 2 if engine._config.compile_config.double_buffer else 1
+    return sum(sizes) * copies, max(sizes, default=0)
 
 
 def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_delay_us: int = 0) -> list:
@@ -147,7 +165,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
         PlanFiles(run_dir),
         device_total_bytes=int(get_accelerator().total_memory()),  # the emulated size, if one is set
         current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps),
-        release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg))
+        release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg),
+        reduce_buckets=reduce_buckets(engine))
     schedule.register_passes(engine, offload_pass)
     global _installed
     _installed = offload_pass

@@ -78,7 +78,7 @@ class OffloadPass:
     def __init__(self, runtime: OffloadRuntime, zero_optimizer, budget_bytes: int | None, reload_policy: str,
                  files: PlanFiles, device_total_bytes: int, current_phase: Callable[[], int],
                  writes_files: Callable[[], bool] = _is_rank0, release_policy: str = "recorded",
-                 cap_bytes: int | None = None):
+                 cap_bytes: int | None = None, reduce_buckets: tuple[int, int] = (0, 0)):
         self.runtime = runtime
         self.zero_optimizer = zero_optimizer
         self.budget_bytes = budget_bytes
@@ -94,6 +94,8 @@ class OffloadPass:
         self._release_sites: dict[int, list[str]] = {}  # forward graph (profile index) -> node names with a site
         self.last_plan: dict | None = None   # the last final plan (made at the last backward graph)
         self._overhead_bytes: int | None = None  # reserved less allocated after the planning step's eviction
+        self.reduce_buckets = reduce_buckets  # (all, the largest one), bytes
+        self._steady_step: dict | None = None  # the last steady step's record before the first plan
 
     def evict(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
               mem_budget, param_manager, bwd: bool) -> None:
@@ -165,7 +167,7 @@ class OffloadPass:
         self._builder.step_facts.update(self._step_facts())
         profile = self._builder.to_dict()
         if self.budget_bytes is None:
-            limit = device_limit_bytes(self.device_total_bytes, self._overhead_bytes)
+            limit = device_limit_bytes(self.device_total_bytes, profile.get("allocator_overhead_bytes"))
             plan = plan_for_device(profile, limit, self.reload_policy, self.release_policy)
         else:
             plan = make_plan(profile, self.budget_bytes, self.reload_policy, self.release_policy, self.cap_bytes)
@@ -179,12 +181,47 @@ class OffloadPass:
             insert_end_backward(graph, ops.REGISTRY.add(ops.END_BACKWARD))
             self._finish(plan)
 
+    def observe_step(self, record: dict) -> None:
+        """Keep the last steady step (not a compile step) before the first plan: the step model's measurements."""
+        if self.last_plan is None and record.get("phase_step", 0) >= 1:
+            self._steady_step = record
+
     def _step_facts(self) -> dict:
         """What the profile alone gets wrong about the step as it runs (profile.py)."""
         masters = self.zero_optimizer.fp32_partitioned_groups_flat
-        return {"measured_start_bytes": self.runtime.forward_start_bytes,
-                "step_transient_bytes": max((flat.numel() * flat.element_size() for flat in masters), default=0),
-                "allocator_overhead_bytes": self._overhead_bytes}
+        facts = {"measured_start_bytes": self.runtime.forward_start_bytes,
+                 "step_transient_bytes": max((flat.numel() * flat.element_size() for flat in masters), default=0),
+                 "reduce_bucket_bytes": self.reduce_buckets[0],
+                 "allocator_overhead_bytes": self._device_rule_overhead()}
+        return {**facts, **self._measured_step(facts["measured_start_bytes"])}
+
+    def _device_rule_overhead(self) -> int | None:
+        """What the device rule keeps free: what the allocator holds beyond the live bytes once the cache is emptied,
+        plus room for the step's largest single request (a reduce bucket or a state), which must fit in one
+        segment: near the limit, free memory is scattered over segments. (The running step's reserved less
+        allocated is no guide: with room to spare the allocator caches freely, gigabytes more than it needs.)"""
+        if self._overhead_bytes is None:
+            return None
+        largest_state = max((slot.task.nbytes for slot in self.runtime.slots.values()), default=0)
+        return self._overhead_bytes + max(self.reduce_buckets[1], largest_state)
+
+    def _measured_step(self, baseline_bytes: int | None) -> dict:
+        """From the steady step before planning: forward + backward's peak less the states then on the device, and
+        what its optimizer step allocated beyond the baseline and the states it held at once. States are out of the
+        device until the first plan (evict_from=start: each sub-group's come in for its own update), or all in."""
+        step = self._steady_step
+        if step is None or step.get("fwd_bwd_peak_allocated_bytes") is None or baseline_bytes is None:
+            return {}
+        by_sub_group: dict[int, int] = {}
+        for slot in self.runtime.slots.values():
+            by_sub_group[slot.task.sub_group] = by_sub_group.get(slot.task.sub_group, 0) + slot.task.nbytes
+        total = sum(by_sub_group.values())
+        out_until_plan = self.runtime.out_until_plan
+        facts = {"measured_fwd_bwd_peak_bytes": step["fwd_bwd_peak_allocated_bytes"] - (0 if out_until_plan else total)}
+        if step.get("opt_step_peak_allocated_bytes") is not None:
+            held = max(by_sub_group.values(), default=0) if out_until_plan else total
+            facts["step_transient_bytes"] = max(0, step["opt_step_peak_allocated_bytes"] - baseline_bytes - held)
+        return facts
 
     def _reloads_here(self, plan: dict, graph_id: int, is_last: bool) -> list[tuple[str, str | None]]:
         """(task, after-node) reloads for this graph. Before the last backward graph, a reload the plan puts

@@ -45,7 +45,6 @@ class Device(Protocol):
     def sleep_us(self, microseconds: int) -> None: ...
     def allocated_bytes(self) -> int: ...
     def reserved_bytes(self) -> int: ...
-    def peak_allocated_bytes(self) -> int: ...
 
 
 class CudaDevice:
@@ -82,10 +81,6 @@ class CudaDevice:
 
     def reserved_bytes(self) -> int:
         return torch.cuda.memory_reserved(self.device)
-
-    def peak_allocated_bytes(self) -> int:
-        """Since the worker's reset at the step start."""
-        return torch.cuda.max_memory_allocated(self.device)
 
     def sleep_us(self, microseconds: int) -> None:
         """Keep the current stream busy for about this long (a device-side spin; the host goes on)."""

@@ -42,14 +42,15 @@ Definitions (all in bytes):
   `cap` (default: the budget) is the limit both releases and asap reloads are placed under.
 - The step's end: after the last backward node all states are back for the optimizer step. Its baseline is the
   forward's measured start where the profile has it (profile.py), else last_peak (what the last node held at
-  most); the step adds one sub-group's fp32 gradient (step_transient), so the end costs
-  baseline + total_state_bytes + step_transient.
+  most); the step adds step_transient on top of the states (measured on the steady step before planning, else
+  one sub-group's fp32 gradient), so the end costs baseline + total_state_bytes + step_transient.
 - predicted_peak = max( max over every node i in execution order, forward and backward, of
                         peak(i) + bytes(R) + bytes(held at i) + bytes(reloaded before i),
                         step end ).
 - Calibration: a budget's plan is placed (R, releases, reloads) on the node peaks as profiled, as DeepSpeed's
   pass places them; its predicted_peak walks the same placement over the peaks calibrated to the running step
-  (profile.calibrate: less what the profiler counts outside the allocator, less backward inputs already freed).
+  (profile.calibrate: less what the profiler counts outside the allocator, less backward inputs already freed,
+  plus the reduce buckets in backward, then moved together so the highest is the steady step's measured peak).
 - Device rule (plan_for_device): no budget; the longest resident prefix whose predicted_peak, placed and walked on
   the calibrated peaks under the cap = the limit, fits the limit.
 - feasible  <=>  predicted_peak <= budget.

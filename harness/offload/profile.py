@@ -8,8 +8,13 @@ No torch. Written by the DeepCompile pass (graph_pass.py) from DeepSpeed's profi
 - per graph `start_alloc_bytes` (the profiler's reading before the graph's first node);
 - `measured_start_bytes` (allocated bytes at the start of this step's forward, with every state evicted, read by our
   op: the profiler adds memory used outside torch to every reading, the allocator does not);
-- `step_transient_bytes` (what the optimizer step allocates on top of the states: ZeRO-3's fp32 gradient of one
-  sub-group at a time);
+- `step_transient_bytes` (what the optimizer step allocates on top of the states: measured on the last steady
+  step before planning where there was one (the gradient norm's fp64 copies, one sub-group's fp32 gradient and the
+  optimizer's temporaries, whichever is largest), else one sub-group's fp32 gradient);
+- `reduce_bucket_bytes` (DeepCompile's gradient reduce buckets: allocated in full at backward's first gradient
+  and held to its end, never while profiling);
+- `measured_fwd_bwd_peak_bytes` (the allocated peak of forward + backward on the last steady step before
+  planning, less the states on the device then: the profiled graphs as they really run, compiled);
 - `allocator_overhead_bytes` (reserved less allocated after emptying the cache at the planning step: what the
   allocator holds beyond the live bytes; the auto rule at a device limit subtracts it from the device size).
 """
@@ -45,6 +50,8 @@ class Profile:
     outside_bytes: int = 0   # the profiler's readings minus the allocator's (0: not measured)
     measured_start_bytes: int | None = None
     step_transient_bytes: int = 0
+    reduce_bucket_bytes: int = 0
+    measured_fwd_bwd_peak_bytes: int | None = None
 
     @property
     def bwd_positions(self) -> list[int]:
@@ -170,7 +177,8 @@ def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
     nodes = tuple(node for graph in order for node in nodes_by_graph[graph])
     # Reloads can only go after backward nodes, and the step's end is measured from the last one.
     expect(any(node.bwd for node in nodes), "profile.graphs", "no backward graph with nodes")
-    for key in ("device_total_bytes", "measured_start_bytes", "step_transient_bytes", "allocator_overhead_bytes"):
+    for key in ("device_total_bytes", "measured_start_bytes", "step_transient_bytes", "allocator_overhead_bytes",
+                "reduce_bucket_bytes", "measured_fwd_bwd_peak_bytes"):
         if profile.get(key) is not None:
             byte_count(profile[key], f"profile.{key}")
     measured = profile.get("measured_start_bytes")
@@ -179,15 +187,27 @@ def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
     if measured is not None and "start_alloc_bytes" in first_graph:
         outside = max(0, first_graph["start_alloc_bytes"] - measured)
     parsed = Profile(nodes, _parse_tasks(profile.get("tasks")), outside, measured,
-                     profile.get("step_transient_bytes") or 0)
+                     profile.get("step_transient_bytes") or 0, profile.get("reduce_bucket_bytes") or 0,
+                     profile.get("measured_fwd_bwd_peak_bytes"))
     return calibrate(parsed) if calibrated else parsed
 
 
 def calibrate(profile: Profile) -> Profile:
-    """Node peaks as the compiled step reaches them: less what the profiler counts outside the allocator (the same
-    amount at every node), and in backward less the inputs the compiled graph has already freed."""
-    nodes = tuple(replace(node, peak_bytes=max(0, node.peak_bytes - profile.outside_bytes - node.inputs_freed_bytes))
+    """Node peaks as the compiled step reaches them. DeepCompile profiles each graph eagerly, node by node, and
+    its readings differ from the compiled step's in four ways:
+    - they add what it counts outside the allocator (the same amount at every node): subtracted;
+    - a backward node's reading holds every saved activation, where the compiled graph has freed each after its
+      last use: backward nodes less their inputs already freed;
+    - they miss the reduce buckets, which exist through backward: added to backward nodes;
+    - eager runs materialise what inductor fuses (the loss over the vocabulary most of all), so long sequences
+      read high: where a steady step was measured before planning, every node moves by the same amount, so that
+      the highest one is the measured peak."""
+    nodes = tuple(replace(node, peak_bytes=max(0, node.peak_bytes - profile.outside_bytes - node.inputs_freed_bytes
+                                                + (profile.reduce_bucket_bytes if node.bwd else 0)))
                   for node in profile.nodes)
+    if profile.measured_fwd_bwd_peak_bytes is not None:
+        shift = profile.measured_fwd_bwd_peak_bytes - max(node.peak_bytes for node in nodes)
+        nodes = tuple(replace(node, peak_bytes=max(0, node.peak_bytes + shift)) for node in nodes)
     return replace(profile, nodes=nodes)
 
 

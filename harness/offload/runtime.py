@@ -65,7 +65,7 @@ class OffloadRuntime:
         self.fallback_reloads = 0                   # states brought back outside a reload op, cumulative
         self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
         self._warned = False                        # one warning per plan about states found out of place
-        self.readings: dict[str, int] = {}          # this step's allocator readings at our ops (metrics.OFFLOAD_GAUGES)
+        self.readings: dict[str, int] = {}          # this step's allocator reading at our ops (metrics.OFFLOAD_GAUGES)
         self.forward_start_bytes: int | None = None  # allocated at the last forward start, before its launch
 
     # ------------------------------------------------------------------ set-up (compile time)
@@ -153,9 +153,6 @@ class OffloadRuntime:
                 ops.COUNTERS.reload_bytes += slot.task.nbytes
 
     def _end_backward(self) -> None:
-        # the step's peak so far, before the end-of-backward reloads; it includes the moment before the launch,
-        # when every state is still on the device from the last optimizer step
-        self.readings["fwd_bwd_peak_allocated_bytes"] = self.mover.device.peak_allocated_bytes()
         if self.blocking:
             self._reload(tuple(self.slots))
             self.mover.synchronize()

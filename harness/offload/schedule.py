@@ -1,7 +1,9 @@
 """The capacity-first compile schedule and the contracts our passes register under.
 
-Phase 0 (step 0): ZeRO-3 gather/release only; the optimizer states come to exist at step 0's optimizer step.
-Phase 1 (step 1): evict every state, then gather/release (which profiles the graph, now on the emptied device),
+Phase 0 (steps 0 and 1): ZeRO-3 gather/release only; the optimizer states come to exist at step 0's optimizer
+step. Step 1 runs the compiled graphs as they are: its memory peaks (the worker's segment peaks, passed on through
+`offload.observe_step`) correct the profile's (profile.calibrate).
+Phase 1 (step 2): evict every state, then gather/release (which profiles the graph, now on the emptied device),
 then our planning pass. DeepCompile recompiles from the captured graph at each entry, so gather/release is
 listed again. Entries name passes by their registered names, which DeepCompile validates against the
 contracts before it resolves them to functions.
@@ -15,7 +17,7 @@ from harness.offload.graph_pass import OffloadPass
 EVICT_PASS = "offload_harness_evict"
 PLAN_PASS = "offload_harness_plan"
 GATHER_RELEASE_PASS = "zero3_compile"  # deepspeed.compile.passes.zero3_compile.NAME
-PLANNING_STEP = 1
+PLANNING_STEP = 2
 
 # DeepSpeed's own passes that move the same optimizer states, or plan other offloads against the same budget.
 _EXCLUSIVE = frozenset({
