@@ -110,10 +110,9 @@ class MemoryMonitor:
         the segment keeps its highest peaks) and start counting the next one's peaks from here."""
         if not self.cuda:
             return
-        stats = torch.cuda.memory_stats(self.device)
         allocated, reserved = self._segments.get(segment, (0, 0))
-        self._segments[segment] = (max(allocated, stats.get("allocated_bytes.all.peak", 0)),
-                                   max(reserved, stats.get("reserved_bytes.all.peak", 0)))
+        peak_allocated, peak_reserved = _peaks(torch.cuda.memory_stats(self.device))
+        self._segments[segment] = (max(allocated, peak_allocated), max(reserved, peak_reserved))
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def device_total_bytes(self) -> int | None:
@@ -136,8 +135,7 @@ class MemoryMonitor:
                     "alloc_retries": None, "ooms": None}
         stats = torch.cuda.memory_stats(self.device)
         retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
-        peaks = [*self._segments.values(),
-                 (stats.get("allocated_bytes.all.peak", 0), stats.get("reserved_bytes.all.peak", 0))]
+        peaks = [*self._segments.values(), _peaks(stats)]
         out = {"peak_allocated_bytes": max(allocated for allocated, _ in peaks),
                "peak_reserved_bytes": max(reserved for _, reserved in peaks),
                **{f"{segment}_peak_allocated_bytes": self._segments[segment][0] if segment in self._segments else None
@@ -145,6 +143,11 @@ class MemoryMonitor:
                "alloc_retries": retries - self._retries, "ooms": ooms - self._ooms}
         self._retries, self._ooms = retries, ooms
         return out
+
+
+def _peaks(stats: dict) -> tuple[int, int]:
+    """(allocated, reserved) peaks since torch's last peak reset, from `torch.cuda.memory_stats`."""
+    return stats.get("allocated_bytes.all.peak", 0), stats.get("reserved_bytes.all.peak", 0)
 
 
 def aggregate_over_ranks(record: dict[str, Any], device: torch.device) -> dict[str, Any]:
