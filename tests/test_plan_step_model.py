@@ -59,9 +59,10 @@ def test_reduce_buckets_are_added_to_every_backward_node_only():
     assert [node.peak_bytes for node in parse_profile(profile).nodes] == [150, 300, 425, 405, 385]
 
 
-def test_a_measured_steady_step_moves_every_node_so_the_highest_is_the_measured_peak():
+def test_a_measured_steady_step_moves_forward_nodes_and_counts_backward_at_the_measured_peak():
     profile = {**measured_profile(measured_start=100), "reduce_bucket_bytes": 25, "measured_fwd_bwd_peak_bytes": 345}
-    assert [node.peak_bytes for node in parse_profile(profile).nodes] == [70, 220, 345, 325, 305]
+    # forward moved by 345 - 425 (the highest node, b0 with its buckets); backward's peak is measured, not placed
+    assert [node.peak_bytes for node in parse_profile(profile).nodes] == [70, 220, 345, 345, 345]
     as_read = parse_profile(profile, calibrated=False)  # a budget's plan is placed on the readings as profiled
     assert [node.peak_bytes for node in as_read.nodes] == [150, 300, 400, 380, 360]
     # the prediction follows: nothing offloaded at a budget above every node, and the end of step is lower here
@@ -85,6 +86,18 @@ def test_device_rule_keeps_what_fits_and_offloads_the_rest():
     assert plan["predicted_peak_bytes"] <= 460
     hopeless = plan_for_device(profile, 300)
     assert hopeless["offloaded_bytes"] == hopeless["total_state_bytes"] and not hopeless["feasible"]
+
+
+def test_device_rule_reloads_in_backward_only_beside_the_measured_peak():
+    profile = measured_profile(measured_start=100)
+    limit = 440  # room for the first state beside the backward peak (400 + 40), for no reload on top of it
+    # as profiled, backward falls after b0, so the first reload fits after b1
+    assert [r["after_node"] for r in plan_for_device(profile, limit)["reloads"]] == ["b1", "b2"]
+    measured = {**profile, "measured_fwd_bwd_peak_bytes": 380}
+    plan = plan_for_device(measured, limit)
+    assert plan["offloaded"] == ["0:exp_avg", "1:fp32"]
+    assert [r["after_node"] for r in plan["reloads"]] == ["b2", "b2"]  # after backward: the peak may be anywhere
+    assert plan["predicted_peak_bytes"] == 380 + 40
 
 
 def test_device_limit_subtracts_the_measured_overhead():

@@ -50,9 +50,12 @@ Definitions (all in bytes):
 - Calibration: a budget's plan is placed (R, releases, reloads) on the node peaks as profiled, as DeepSpeed's
   pass places them; its predicted_peak walks the same placement over the peaks calibrated to the running step
   (profile.calibrate: less what the profiler counts outside the allocator, less backward inputs already freed,
-  plus the reduce buckets in backward, then moved together so the highest is the steady step's measured peak).
+  plus the reduce buckets in backward, then moved together so the highest is the steady step's measured peak;
+  with that measurement every backward node counts at the measured peak, whose place in backward is unknown).
 - Device rule (plan_for_device): no budget; the longest resident prefix whose predicted_peak, placed and walked on
-  the calibrated peaks under the cap = the limit, fits the limit.
+  the calibrated peaks under the cap = the limit, fits the limit. With a measured peak it reloads during backward
+  only what fits beside that peak; the rest comes back after backward, while the optimizer step works on the
+  resident sub-groups, which it updates first.
 - feasible  <=>  predicted_peak <= budget.
 
 Consequences (release=recorded, cap = budget): budget >= forward_peak + total offloads nothing (feasible once

@@ -201,13 +201,19 @@ def calibrate(profile: Profile) -> Profile:
     - they miss the reduce buckets, which exist through backward: added to backward nodes;
     - eager runs materialise what inductor fuses (the loss over the vocabulary most of all), so long sequences
       read high: where a steady step was measured before planning, every node moves by the same amount, so that
-      the highest one is the measured peak."""
+      the highest one is the measured peak.
+    The measurement gives the peak's height, not its place: the compiled backward fuses and frees in its own
+    order, so its peak can come after the profile's highest node (on GPU, reloads placed right after that node
+    came back before the real peak and added their bytes to it). Every backward node then counts at the measured
+    peak: a reload during backward is placed, and predicted, as if it lands before the peak."""
     nodes = tuple(replace(node, peak_bytes=max(0, node.peak_bytes - profile.outside_bytes - node.inputs_freed_bytes
                                                 + (profile.reduce_bucket_bytes if node.bwd else 0)))
                   for node in profile.nodes)
-    if profile.measured_fwd_bwd_peak_bytes is not None:
-        shift = profile.measured_fwd_bwd_peak_bytes - max(node.peak_bytes for node in nodes)
-        nodes = tuple(replace(node, peak_bytes=max(0, node.peak_bytes + shift)) for node in nodes)
+    measured = profile.measured_fwd_bwd_peak_bytes
+    if measured is not None:
+        shift = measured - max(node.peak_bytes for node in nodes)
+        nodes = tuple(replace(node, peak_bytes=measured if node.bwd else max(0, node.peak_bytes + shift))
+                      for node in nodes)
     return replace(profile, nodes=nodes)
 
 
