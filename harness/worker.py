@@ -220,9 +220,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
             print(progress_line(record, train["steps"]), flush=True)
 
     if rank == 0:
-        write_json(run_dir / runfiles.WORKER,
-                   {**facts, "planned_offload_bytes": arm.planned_offload_bytes(),
-                    "predicted_peak_bytes": arm.predicted_peak_bytes()})
+        write_json(run_dir / runfiles.WORKER, {**facts, **arm.plan_facts()})
         writer.close()
     dist.barrier()
     print(f"worker: rank {rank} finished {train['steps']} steps", flush=True)

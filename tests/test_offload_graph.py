@@ -511,9 +511,12 @@ def test_schedule_satisfies_deepspeed_contracts_and_registers_both_passes(tmp_pa
     harness.run(fwd, 1, [(1, True)], bwd=False)
     harness.run(bwd, 1, [(1, True)], bwd=True)
     monkeypatch.setattr(harness_offload, "_installed", None)
-    assert harness_offload.planned_offload_bytes() is None
+    assert harness_offload.plan_facts() == {}
     monkeypatch.setattr(harness_offload, "_installed", harness.pass_)
-    assert harness_offload.planned_offload_bytes() == read_plan(tmp_path)["offloaded_bytes"]
+    plan = read_plan(tmp_path)
+    assert harness_offload.plan_facts() == {"planned_offload_bytes": plan["offloaded_bytes"],
+                                            "predicted_peak_bytes": plan["predicted_peak_bytes"],
+                                            "budget_bytes": plan["budget_bytes"]}
 
 
 def test_deepspeed_runs_our_passes_with_its_own_calling_convention(tmp_path, monkeypatch):

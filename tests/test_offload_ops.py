@@ -596,7 +596,7 @@ def test_install_registers_passes_binds_the_runtime_and_gates_the_optimizer(monk
         assert runtime.gated and runtime.mover.d2h is runtime.mover.h2d
         engine.optimizer._prepare_sub_group(0, set())  # the gate runs, then ZeRO-3's own preparation
         assert engine.optimizer.prepared == [0]
-        assert seam.planned_offload_bytes() is None  # no plan yet
+        assert seam.plan_facts() == {}  # no plan yet
         assert seam._installed.reduce_buckets == (1000 * 2 * 2, 1000 * 2)  # bf16 gradients, double-buffered
     finally:
         ops.bind_runtime(None)

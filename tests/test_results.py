@@ -74,3 +74,19 @@ def test_capacity_losses_match_deepcompile_at_the_shortest_length():
         losses = [row["loss"] for row in steps]
         assert len(losses) == len(reference), arm
         assert max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) <= 1e-4, arm
+
+
+@pytest.mark.skipif(not (RESULTS / "probe_limit").exists(), reason="no probe_limit results committed")
+def test_probe_limit_results_show_deepcompile_out_and_our_predictions_within_five_percent():
+    for summary_file in sorted((RESULTS / "probe_limit" / "sweep").glob("*/summary.json")):
+        config = yaml.safe_load((summary_file.parent / "config.yaml").read_text())
+        summary = json.loads(summary_file.read_text())
+        if config["arm"]["name"] == "deepcompile":
+            assert summary["status"] == "oom"
+            continue
+        assert summary["status"] == "ok", summary_file
+        if config["arm"]["name"] == "offload":
+            steps = [json.loads(line) for line in (summary_file.parent / "steps.jsonl").read_text().splitlines()]
+            final = max(row["phase"] for row in steps)
+            measured = max(row["peak_allocated_bytes"] for row in steps if row["phase"] == final and row["phase_step"])
+            assert abs(summary["predicted_peak_bytes"] - measured) <= 0.05 * measured, summary_file

@@ -95,13 +95,11 @@ class Arm:
     def observe_step(self, record: Mapping[str, Any]) -> None:
         """A finished step's record (all ranks' aggregate), for arms whose planning measures the running step."""
 
-    def planned_offload_bytes(self) -> int | None:
-        """Optimizer-state bytes the arm's last plan moves off the device (None for arms without a plan)."""
-        return None
-
-    def predicted_peak_bytes(self) -> int | None:
-        """The step's peak allocated bytes the arm's last plan predicts (None for arms without a prediction)."""
-        return None
+    def plan_facts(self) -> dict[str, int]:
+        """What the arm's last offload plan says, for worker.json: `planned_offload_bytes` (optimizer-state bytes
+        moved off the device), and where the arm predicts them `predicted_peak_bytes` and `budget_bytes` (what it
+        planned against); {} for arms without a plan."""
+        return {}
 
 
 class PhaseStarts:

@@ -42,10 +42,10 @@ class DsOffload(OffloadPassArm):
     def offload_counter_reader(self) -> Callable[[], dict]:
         return _counters
 
-    def planned_offload_bytes(self) -> int:
+    def plan_facts(self) -> dict[str, int]:
         from deepspeed.compile.passes import offload_adam_states as ds_pass
 
-        return int(sum(task[3] for task in ds_pass.offload_tasks_scheduled))
+        return {"planned_offload_bytes": int(sum(task[3] for task in ds_pass.offload_tasks_scheduled))}
 
 
 def _counters() -> dict:

@@ -34,12 +34,7 @@ class Offload(OffloadPassArm):
 
         offload.observe_step(dict(record))
 
-    def planned_offload_bytes(self) -> int | None:
+    def plan_facts(self) -> dict[str, int]:
         from harness import offload
 
-        return offload.planned_offload_bytes()
-
-    def predicted_peak_bytes(self) -> int | None:
-        from harness import offload
-
-        return offload.predicted_peak_bytes()
+        return offload.plan_facts()

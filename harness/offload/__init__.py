@@ -80,8 +80,7 @@ def peak_cap_bytes(offload_cfg: dict) -> int | None:
 def uses_device_rule(offload_cfg: dict) -> bool:
     """No budget given and `auto_rule=device_limit`: our pass plans the least offload predicted to fit the device
     (emulated or real) less the allocator overhead measured on the run (plan.plan_for_device), instead of
-    DeepSpeed's total x (1 - margin). Opt-in: the overhead (after emptying the cache, plus the largest single
-    request) was tried at one device size and shape only."""
+    DeepSpeed's total x (1 - margin), which `auto_rule=margin` keeps."""
     no_budget = offload_cfg["budget_gb"] is None and offload_cfg["budget_fraction"] is None
     return no_budget and offload_cfg["auto_rule"] == "device_limit"
 
@@ -97,16 +96,15 @@ def counters() -> dict:
     return {**ops.counters(), **runtime.mover.timer.collect(), **runtime.take_readings()}
 
 
-def planned_offload_bytes() -> int | None:
-    """Bytes of optimizer state the last plan in this process moves off the device (None before a plan)."""
+def plan_facts() -> dict:
+    """The last plan in this process, for worker.json ({} before a plan): the optimizer-state bytes it moves off
+    the device, the step peak it predicts and the budget it planned against (the device rule's: the device less
+    the overhead, not the budget the driver resolved)."""
     plan = _installed.last_plan if _installed is not None else None
-    return None if plan is None else int(plan["offloaded_bytes"])
-
-
-def predicted_peak_bytes() -> int | None:
-    """The step's peak allocated bytes the last plan in this process predicts (None before a plan)."""
-    plan = _installed.last_plan if _installed is not None else None
-    return None if plan is None else int(plan["predicted_peak_bytes"])
+    if plan is None:
+        return {}
+    return {"planned_offload_bytes": int(plan["offloaded_bytes"]),
+            "predicted_peak_bytes": int(plan["predicted_peak_bytes"]), "budget_bytes": int(plan["budget_bytes"])}
 
 
 def observe_step(record: dict) -> None:
