@@ -106,8 +106,16 @@ def test_device_limit_subtracts_the_measured_overhead():
     assert device_limit_bytes(1_000, 5_000) == 0
 
 
+@st.composite
+def steady_profiles(draw) -> dict:
+    """Random profiles, half of them with a measured forward + backward peak (backward then counts at it)."""
+    profile = draw(profiles())
+    measured = draw(st.one_of(st.none(), st.integers(0, 60)))
+    return profile if measured is None else {**profile, "measured_fwd_bwd_peak_bytes": measured}
+
+
 @SETTINGS
-@given(profiles(), st.integers(0, 200), st.sampled_from(["asap", "at_end"]))
+@given(steady_profiles(), st.integers(0, 200), st.sampled_from(["asap", "at_end"]))
 def test_device_rule_fits_whenever_any_plan_fits_and_offloads_the_least(profile, limit, reload):
     plan = plan_for_device(profile, limit, reload)
     # every plan a fixed budget can make, placed under the same cap; those predicted to fit the limit
@@ -121,7 +129,21 @@ def test_device_rule_fits_whenever_any_plan_fits_and_offloads_the_least(profile,
 
 
 @SETTINGS
-@given(profiles(), st.integers(0, 200), st.integers(0, 200), st.sampled_from(["asap", "at_end"]))
+@given(profiles(), st.integers(0, 60), st.integers(0, 200))
+def test_with_a_measured_peak_reloads_during_backward_are_counted_at_it(profile, measured, limit):
+    plan = plan_for_device({**profile, "measured_fwd_bwd_peak_bytes": measured}, limit)
+    graph_id, _ = profile["graph_order"][-1]
+    last = next(graph for graph in profile["graphs"] if graph["bwd"] and graph["graph_id"] == graph_id)["nodes"][-1]
+    sizes = {task["id"]: task["bytes"] for task in profile["tasks"]}
+    early = sum(sizes[reload["task"]] for reload in plan["reloads"]
+                if (reload["graph_id"], reload["after_node"]) != (graph_id, last["name"]))
+    assert plan["predicted_peak_bytes"] >= measured + plan["resident_bytes"] + early
+    if plan["feasible"]:
+        assert measured + plan["resident_bytes"] + early <= limit
+
+
+@SETTINGS
+@given(steady_profiles(), st.integers(0, 200), st.integers(0, 200), st.sampled_from(["asap", "at_end"]))
 def test_more_device_never_moves_more(profile, limit_a, limit_b, reload):
     small, large = sorted((limit_a, limit_b))
     assert plan_for_device(profile, large, reload)["offloaded_bytes"] <= \
