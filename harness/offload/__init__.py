@@ -4,8 +4,7 @@ check_config(ds_config, offload_cfg, grad_accum)  refuse what cannot work, on an
 install(engine, offload_cfg, budget_bytes, run_dir) register ops and passes; returns the compile schedule
 counters()                                          cumulative op counters since process start
 observe_step(record)                                a finished step's record, for the step model
-planned_offload_bytes()                             bytes the last plan moves off the device (None before one)
-predicted_peak_bytes()                              the step's peak allocated bytes that plan predicts
+plan_facts()                                        what the last plan moves, predicts and planned against
 """
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from harness import schema
 from harness.errors import ConfigError
 from harness.units import GB
 
-__all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "planned_offload_bytes",
-           "predicted_peak_bytes"]
+__all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "plan_facts"]
 
 _ON_HOST = ("cpu", "nvme")
 _installed = None  # the OffloadPass of the engine install() set up in this process
