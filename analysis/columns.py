@@ -26,6 +26,7 @@ CONFIG_COLUMNS = {
     "offload.budget_fraction": "budget_fraction",
     "offload.margin": "margin",
     "offload.auto_rule": "auto_rule",
+    "offload.budget_rule": "budget_rule",
     "offload.mode": "offload_mode",
     "offload.empty_cache": "empty_cache",
     "offload.streams": "streams",
@@ -37,6 +38,8 @@ CONFIG_COLUMNS = {
     "launcher.nnodes": "nnodes",
     "sweep.name": "sweep_name",
 }
+# Keys added after some committed runs were recorded: what those runs did, which their config cannot name.
+BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed"}
 SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
                    "planned_offload_bytes", "predicted_peak_bytes", "device_memory_bytes")
 # summary.json's `oom` block (where and by how much a point ran out of memory) as oom_<field> columns.
@@ -74,7 +77,7 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
     by its value in the config, or as written in the override when the config has no such key (a group
     choice that the resolved config does not name, e.g. '+experiments/pr8186_rows=zero3')."""
     overrides = overrides or {}
-    row = {column: cell_value(lookup(config, key, None)) for key, column in CONFIG_COLUMNS.items()}
+    row = {column: cell_value(lookup(config, key, BEFORE_THE_KEY.get(key))) for key, column in CONFIG_COLUMNS.items()}
     arm = config.get("arm") if isinstance(config.get("arm"), Mapping) else {}
     covered = set(CONFIG_COLUMNS)
     for knob, value in arm.items():

@@ -219,3 +219,13 @@ def test_the_emulated_size_labels_points_and_the_oom_block_never_splits_them(tmp
     assert points_design.keys == ["arm", "device_memory_gb"]
     assert [points_design.label(row) for row in points.to_dict("records")] == \
         ["zero3, device_memory_gb=24"] * 2 + ["zero3, device_memory_gb=40"]
+
+
+def test_runs_recorded_before_the_budget_rule_read_as_deepspeeds_sizing(tmp_path):
+    # the key came after some committed runs; they sized their budget as DeepSpeed does, and must not merge as
+    # repeats with a run that planned the same budget by the step model
+    write_point(tmp_path, 0, arm="offload", budget_gb=11.0)
+    write_point(tmp_path, 1, arm="offload", budget_gb=11.0, extra={"offload.budget_rule": "step_model"})
+    points = load_sweep(tmp_path).points
+    assert points["budget_rule"].tolist() == ["deepspeed", "step_model"]
+    assert "budget_rule" in design(points).keys

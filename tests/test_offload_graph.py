@@ -66,16 +66,17 @@ def profiling_result_for(gm, peaks: dict[str, int], bwd: bool, result: Profiling
 class Harness:
     """One OffloadPass over a fake optimizer, with the DeepCompile calling convention."""
 
-    def __init__(self, tmp_path, budget: int, reload: str = "asap", phase: int = 1, release: str = "recorded",
-                 cap: int | None = None):
+    def __init__(self, tmp_path, budget: int | None, reload: str = "asap", phase: int = 1, release: str = "recorded",
+                 cap: int | None = None, budget_rule: str = "deepspeed"):
         self.optimizer = FakeZero3Optimizer()
-        device = FakeDevice()
+        self.device = device = FakeDevice()
         self.runtime = OffloadRuntime(StateMover(device, hold=release == "ordered"), "async",
                                       EmptyCachePolicy("never", device.empty_cache))
         self.phase = phase
         self.pass_ = OffloadPass(self.runtime, self.optimizer, budget, reload, PlanFiles(str(tmp_path)),
                                  device_total_bytes=10_000, current_phase=lambda: self.phase,
-                                 writes_files=lambda: True, release_policy=release, cap_bytes=cap)
+                                 writes_files=lambda: True, release_policy=release, cap_bytes=cap,
+                                 budget_rule=budget_rule)
         self.results: dict[int, ProfilingResult] = {}
 
     def run(self, gm, graph_id: int, graph_order, bwd: bool, peaks: dict[str, int] | None = None):
@@ -549,6 +550,27 @@ def test_a_backward_graph_handed_to_the_pass_again_keeps_its_reloads(tmp_path):
     harness.run(bwd, 1, [(1, True)], bwd=True)
     assert sorted(task_of(node) for node in our_ops(bwd.graph, ops.RELOAD)) == sorted(TASK_BYTES)
     assert len(read_plan(tmp_path)["placements"]) == len(TASK_BYTES)
+
+
+OVERHEAD = 300  # what the fake allocator holds beyond live bytes once the cache is emptied
+DEVICE_LIMIT = 10_000 - OVERHEAD - max(TASK_BYTES.values())  # room kept for the largest single request too
+
+
+@pytest.mark.parametrize("budget, budget_rule, rule, planned_against", [
+    (5_000, "deepspeed", "budget", 5_000),
+    (5_000, "step_model", "step_model", 5_000),
+    (9_999, "step_model", "step_model", DEVICE_LIMIT),  # the device less the overhead binds, not the budget
+    (None, "deepspeed", "device_limit", DEVICE_LIMIT),  # no budget: the device rule, whatever the budget rule
+])
+def test_the_budget_rule_picks_the_planner_and_the_limit_it_plans_against(tmp_path, budget, budget_rule, rule,
+                                                                          planned_against):
+    fwd, bwd = traced_graphs()
+    harness = Harness(tmp_path, budget, budget_rule=budget_rule)
+    harness.device.reserved, harness.device.allocated = OVERHEAD, 0
+    harness.run(fwd, 1, [(1, True)], bwd=False)
+    harness.run(bwd, 1, [(1, True)], bwd=True)
+    plan = read_plan(tmp_path)
+    assert plan["rule"] == rule and plan["budget_bytes"] == planned_against
 
 
 def test_the_steady_step_before_planning_gives_the_measured_peak_and_the_optimizer_transient(tmp_path):

@@ -399,7 +399,7 @@ def test_empty_cache_calls_per_step(bound, policy, expected):
 DS_OK = {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}, "gradient_accumulation_steps": 1}
 OFFLOAD_OK = {"budget_gb": None, "budget_fraction": None, "margin": 0.2, "mode": "async",
               "empty_cache": "once_per_phase", "streams": "split", "reload": "asap", "release": "recorded",
-              "evict_from": "planning_step", "auto_rule": "margin", "peak_cap_gb": None}
+              "evict_from": "planning_step", "auto_rule": "margin", "budget_rule": "deepspeed", "peak_cap_gb": None}
 
 
 def with_change(base: dict, path: str, value):

@@ -1,5 +1,5 @@
-"""The planner's step model calibrated to the running step (profile.py) and the auto rule at a device limit
-(plan.plan_for_device, `harness plan --device-gb`)."""
+"""The planner's step model calibrated to the running step (profile.py), the auto rule at a device limit
+(plan.plan_for_device, `harness plan --device-gb`) and a budget planned by it (plan.plan_within_budget)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device
+from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device, plan_within_budget
 from harness.offload.profile import parse_profile
 from test_plan import profiles
 
@@ -162,9 +162,50 @@ def test_cli_device_gb_plans_at_the_device_less_the_profiled_overhead(tmp_path):
     assert plan["budget_bytes"] == 460 and plan["offloaded"] == ["0:exp_avg", "1:fp32"]
 
 
-def test_cli_refuses_a_device_size_with_a_budget(tmp_path):
+def run_cli(tmp_path, profile: dict, *args: str) -> subprocess.CompletedProcess:
     path = tmp_path / "profile.json"
-    path.write_text(json.dumps(measured_profile()))
-    result = subprocess.run([sys.executable, "-m", "harness.cli", "plan", "--profile", str(path), "--device-gb", "1",
-                             "--budget-gb", "1"], cwd=REPO_ROOT, capture_output=True, text=True)
+    path.write_text(json.dumps(profile))
+    return subprocess.run([sys.executable, "-m", "harness.cli", "plan", "--profile", str(path), *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True)
+
+
+def test_cli_refuses_a_device_size_with_a_budget_planned_as_deepspeed(tmp_path):
+    result = run_cli(tmp_path, measured_profile(), "--device-gb", "1", "--budget-gb", "1")
+    assert result.returncode == 2 and "device_gb" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_cli_needs_a_budget_or_a_device_size(tmp_path):
+    result = run_cli(tmp_path, measured_profile())
     assert result.returncode == 2 and "--device-gb" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_cli_budget_rule_step_model_fits_the_lesser_of_budget_and_device(tmp_path):
+    profile = {**measured_profile(measured_start=100), "allocator_overhead_bytes": 40}
+    gb = lambda n: str(n / 1e9)  # noqa: E731
+    by_device = json.loads(run_cli(tmp_path, profile, "--budget-gb", gb(1000), "--budget-rule", "step_model",
+                                   "--device-gb", gb(500)).stdout)
+    assert by_device["budget_bytes"] == 460 and by_device["rule"] == "step_model"
+    by_budget = json.loads(run_cli(tmp_path, profile, "--budget-gb", gb(430), "--budget-rule", "step_model",
+                                   "--device-gb", gb(500)).stdout)
+    assert by_budget["budget_bytes"] == 430 and by_budget["offloaded_bytes"] > by_device["offloaded_bytes"]
+    refused = run_cli(tmp_path, profile, "--budget-gb", "1", "--budget-rule", "cheapest")
+    assert refused.returncode == 2 and "offload.budget_rule" in refused.stderr
+
+
+def test_a_budget_by_the_step_model_keeps_what_deepspeeds_sizing_offloads():
+    # the profile reads 200 bytes the allocator never holds: DeepSpeed's sizing sees a forward peak of 500 and no
+    # room for any state in 500; the step model sees backward peak at 400 and room for all 100 bytes of states
+    profile = measured_profile(outside=200, measured_start=100)
+    deepspeed, by_model = make_plan(profile, 500), plan_within_budget(profile, 500, 10_000)
+    assert deepspeed["offloaded_bytes"] == 100 and by_model["offloaded_bytes"] == 0
+    assert by_model["predicted_peak_bytes"] <= 500 and by_model["budget_bytes"] == 500
+
+
+@SETTINGS
+@given(steady_profiles(), st.integers(0, 200), st.integers(0, 200), st.sampled_from(["asap", "at_end"]))
+def test_a_budget_by_the_step_model_is_the_device_rule_under_the_lesser_limit(profile, budget, limit, reload):
+    plan = plan_within_budget(profile, budget, limit, reload)
+    device_rule = plan_for_device(profile, min(budget, limit), reload)
+    assert {**plan, "rule": None} == {**device_rule, "rule": None} and plan["rule"] == "step_model"
+    if plan["feasible"]:
+        assert plan["predicted_peak_bytes"] <= min(budget, limit)

@@ -1,5 +1,5 @@
 """Committed GPU results (results/<campaign>/): the report made from their run files rebuilds byte for byte, and
-the capacity campaign's claims hold in the run files themselves."""
+each campaign's claims hold in the run files themselves."""
 import contextlib
 import io
 import json
@@ -37,11 +37,21 @@ def test_only_small_run_files_are_committed(campaign):
         assert {path.name for path in run_dir.iterdir()} <= RUN_FILES, run_dir
 
 
-def capacity_points():
-    for summary_file in sorted((RESULTS / "capacity" / "sweep").glob("*/summary.json")):
+def campaign_points(campaign: str):
+    for summary_file in sorted((RESULTS / campaign / "sweep").glob("*/summary.json")):
         config = yaml.safe_load((summary_file.parent / "config.yaml").read_text())
         steps = [json.loads(line) for line in (summary_file.parent / "steps.jsonl").read_text().splitlines()]
         yield config, json.loads(summary_file.read_text()), steps
+
+
+def capacity_points():
+    return campaign_points("capacity")
+
+
+def steady_peak(steps: list[dict]) -> int:
+    """Peak allocated over the final phase's steps after its compile step."""
+    final = max(row["phase"] for row in steps)
+    return max(row["peak_allocated_bytes"] for row in steps if row["phase"] == final and row["phase_step"])
 
 
 @pytest.mark.skipif(not (RESULTS / "capacity").exists(), reason="no capacity results committed")
@@ -87,6 +97,29 @@ def test_probe_limit_results_show_deepcompile_out_and_our_predictions_within_fiv
         assert summary["status"] == "ok", summary_file
         if config["arm"]["name"] == "offload":
             steps = [json.loads(line) for line in (summary_file.parent / "steps.jsonl").read_text().splitlines()]
-            final = max(row["phase"] for row in steps)
-            measured = max(row["peak_allocated_bytes"] for row in steps if row["phase"] == final and row["phase_step"])
+            measured = steady_peak(steps)
             assert abs(summary["predicted_peak_bytes"] - measured) <= 0.05 * measured, summary_file
+
+
+@pytest.mark.skipif(not (RESULTS / "probe_limit").exists(), reason="no probe_limit results committed")
+def test_probe_limit_budgets_planned_by_the_step_model_stay_within_them():
+    by_model = [(config, summary, steps) for config, summary, steps in campaign_points("probe_limit")
+                if config["offload"].get("budget_rule") == "step_model" and config["arm"]["name"] == "offload"]
+    assert by_model
+    for config, summary, steps in by_model:
+        assert summary["status"] == "ok" and steady_peak(steps) <= config["offload"]["budget_gb"] * 1e9
+
+
+@pytest.mark.skipif(not (RESULTS / "race_stress").exists(), reason="no race_stress results committed")
+def test_race_stress_losses_match_deepcompile_under_every_copy_delay():
+    points = list(campaign_points("race_stress"))
+    reference = [row["loss"] for config, _, steps in points if config["arm"]["name"] == "deepcompile" for row in steps]
+    delays = set()
+    for config, summary, steps in points:
+        if config["arm"]["name"] != "offload":
+            continue
+        losses = [row["loss"] for row in steps]
+        assert summary["status"] == "ok" and len(losses) == len(reference)
+        assert max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) <= 1e-4
+        delays.add(config["debug"]["copy_delay_us"])
+    assert delays >= {200, 2000}

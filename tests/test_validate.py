@@ -88,10 +88,12 @@ def test_heads_must_split_the_hidden_size_unless_head_dim_sets_their_width():
     ("offload.streams=triple", "offload.streams"),
     ("offload.peak_cap_gb=-1", "offload.peak_cap_gb"),
     ("offload.budget_gb=-1", "offload.budget_gb"),
+    ("offload.budget_rule=cheapest", "offload.budget_rule"),
+    ("offload.budget_rule=step_model offload.peak_cap_gb=12", "offload.peak_cap_gb"),  # it places under its own peak
 ])
 def test_every_arm_refuses_a_bad_offload_knob(arm, override, key):
     # a sweep over arms with a typo in the offload group refuses every point, not only arm=offload's
-    assert refusal(f"arm={arm}", override).key == key
+    assert refusal(f"arm={arm}", *override.split()).key == key
 
 
 def test_null_sub_group_size_means_deepspeeds_default():
@@ -107,6 +109,7 @@ def test_null_sub_group_size_means_deepspeeds_default():
     ["train.lr=1e-3"], ["train.reduce_bucket_size=5e7"], ["launcher.stall_timeout_s=null"],
     ["offload.budget_gb=0"], ["offload.budget_fraction=1"], ["model=llama3_8b"], ["train.seed=-3"],
     ["arm=offload", "offload.peak_cap_gb=12", "offload.release=ordered"],
+    ["arm=offload", "offload.budget_gb=11", "offload.budget_rule=step_model"],
 ])
 def test_good_values_pass(overrides):
     validate(config(*overrides), gpu_count=0)

@@ -26,7 +26,8 @@ def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
     """Raise ConfigError(key, message) for a configuration the offload arm cannot run.
 
     Refused:
-    - bad knob values (offload.mode, .empty_cache, .streams, .reload, .release, the budget keys, .peak_cap_gb);
+    - bad knob values (offload.mode, .empty_cache, .streams, .reload, .release, the budget keys, .budget_rule,
+      .peak_cap_gb);
     - ZeRO stage other than 3 (the pass moves ZeRO-3's fp32 partitions and optimizer states, per sub-group);
     - ZeRO-Offload of the optimizer (`zero_optimization.offload_optimizer.device` cpu/nvme): the states
       already live on the host and the optimizer runs there;
@@ -162,7 +163,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
         device_total_bytes=int(get_accelerator().total_memory()),  # the emulated size, if one is set
         current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps),
         release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg),
-        reduce_buckets=reduce_buckets(engine))
+        reduce_buckets=reduce_buckets(engine), budget_rule=offload_cfg["budget_rule"])
     schedule.register_passes(engine, offload_pass)
     global _installed
     _installed = offload_pass

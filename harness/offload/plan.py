@@ -52,10 +52,12 @@ Definitions (all in bytes):
   (profile.calibrate: less what the profiler counts outside the allocator, less backward inputs already freed,
   plus the reduce buckets in backward, then moved together so the highest is the steady step's measured peak;
   with that measurement every backward node counts at the measured peak, whose place in backward is unknown).
-- Device rule (plan_for_device): no budget; the longest resident prefix whose predicted_peak, placed and walked on
-  the calibrated peaks under the cap = the limit, fits the limit. With a measured peak it reloads during backward
-  only what fits beside that peak; the rest comes back after backward, while the optimizer step works on the
-  resident sub-groups, which it updates first.
+- Device rule (plan_for_device): the longest resident prefix whose predicted_peak, placed and walked on the
+  calibrated peaks under the cap = the limit, fits the limit. The limit is the device less the allocator overhead
+  with no budget, and the lesser of that and the budget under `budget_rule=step_model` (a budget's plan by the
+  step model instead of DeepSpeed's sizing: DeepSpeed's profile overstates the step, so at one budget this keeps
+  more resident). With a measured peak it reloads during backward only what fits beside that peak; the rest
+  comes back after backward, while the optimizer step works on the resident sub-groups, which it updates first.
 - feasible  <=>  predicted_peak <= budget.
 
 Consequences (release=recorded, cap = budget): budget >= forward_peak + total offloads nothing (feasible once
@@ -89,6 +91,7 @@ from harness.units import GB
 
 RELOAD_POLICIES = choices(OffloadConfig, "reload")
 RELEASE_POLICIES = choices(OffloadConfig, "release")
+BUDGET_RULES = choices(OffloadConfig, "budget_rule")
 
 
 # ---------------------------------------------------------------- planning
@@ -212,6 +215,14 @@ def plan_for_device(profile: dict, limit_bytes: int, reload: str = "asap", relea
             "rule": "device_limit"}
 
 
+def plan_within_budget(profile: dict, budget_bytes: int, limit_bytes: int, reload: str = "asap",
+                       release: str = "recorded") -> dict:
+    """`budget_rule=step_model`: the device rule under the lesser of the budget and the device limit; the plan's
+    budget_bytes is that lesser one, the peak it was made to fit."""
+    byte_count(budget_bytes, "offload.budget_bytes")
+    return {**plan_for_device(profile, min(budget_bytes, limit_bytes), reload, release), "rule": "step_model"}
+
+
 def device_limit_bytes(device_bytes: int, overhead_bytes: int | None) -> int:
     """What the step may allocate on a device of this size: the size less what the allocator holds beyond the live
     bytes on this run (`overhead_bytes`: reserved less allocated once the cache is emptied at the planning step:
@@ -292,29 +303,46 @@ def _budget_from_args(args: argparse.Namespace) -> int:
     return _gb_to_bytes(args.budget_gb, "offload.budget_gb")
 
 
+def _plan_from_args(args: argparse.Namespace, profile: dict) -> dict:
+    expect(args.budget_rule in BUDGET_RULES, "offload.budget_rule",
+           f"must be one of {', '.join(BUDGET_RULES)}, got {args.budget_rule!r}")
+    has_budget = args.budget_gb is not None or args.budget_bytes is not None
+    if has_budget and args.budget_rule == "deepspeed":
+        expect(args.device_gb is None, "device_gb", "with a budget it applies to --budget-rule step_model only")
+        cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
+        return make_plan(profile, _budget_from_args(args), args.reload, args.release, cap)
+    expect(args.peak_cap_gb is None, "offload.peak_cap_gb", "applies to a budget under --budget-rule deepspeed only")
+    limit = None if args.device_gb is None else device_limit_bytes(
+        _gb_to_bytes(args.device_gb, "device_gb"), profile.get("allocator_overhead_bytes"))
+    if not has_budget:
+        return plan_for_device(profile, limit, args.reload, args.release)
+    budget_bytes = _budget_from_args(args)
+    return plan_within_budget(profile, budget_bytes, budget_bytes if limit is None else limit, args.reload,
+                              args.release)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _OneLineParser(prog="python -m harness.offload.plan",
                             description="Print the offload plan for a memory profile and a budget as JSON.")
     parser.add_argument("--profile", required=True, help="profile.json of one rank")
-    budget = parser.add_mutually_exclusive_group(required=True)
+    budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget-gb", type=float, help="device memory budget in GB (1e9 bytes)")
     budget.add_argument("--budget-bytes", type=int, help="device memory budget in bytes")
-    budget.add_argument("--device-gb", type=float,
+    parser.add_argument("--device-gb", type=float,
                         help="device size in GB: the least offload predicted to fit it, less the allocator overhead "
-                             "the profile's run measured (the auto rule at a device limit)")
+                             "the profile's run measured (the auto rule at a device limit; with a budget, "
+                             "--budget-rule step_model fits the lesser of the two)")
+    parser.add_argument("--budget-rule", default="deepspeed",
+                        help=f"how a budget is planned: {' | '.join(BUDGET_RULES)}")
     parser.add_argument("--reload", default="asap", help=f"reload policy: {' | '.join(RELOAD_POLICIES)}")
     parser.add_argument("--release", default="recorded", help=f"release policy: {' | '.join(RELEASE_POLICIES)}")
     parser.add_argument("--peak-cap-gb", type=float, default=None,
                         help="cap (GB) that releases and asap reloads are placed under; default: the budget")
     args = parser.parse_args(argv)
+    if args.budget_gb is None and args.budget_bytes is None and args.device_gb is None:
+        parser.error("one of --budget-gb, --budget-bytes, --device-gb is required")
     try:
-        profile = load_profile(args.profile)
-        if args.device_gb is not None:
-            limit = device_limit_bytes(_gb_to_bytes(args.device_gb, "device_gb"), profile.get("allocator_overhead_bytes"))
-            plan = plan_for_device(profile, limit, args.reload, args.release)
-        else:
-            cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
-            plan = make_plan(profile, _budget_from_args(args), args.reload, args.release, cap)
+        plan = _plan_from_args(args, load_profile(args.profile))
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2

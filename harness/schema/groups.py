@@ -103,6 +103,7 @@ class OffloadConfig(BudgetConfig):
     release: Literal["recorded", "ordered"]
     evict_from: Literal["start", "planning_step"]
     auto_rule: Literal["margin", "device_limit"]
+    budget_rule: Literal["deepspeed", "step_model"]
     peak_cap_gb: Annotated[Optional[float], Number(low=0)]
 
     @classmethod
@@ -110,6 +111,9 @@ class OffloadConfig(BudgetConfig):
         super().check(cfg)
         if cfg["offload"]["release"] == "ordered" and cfg["offload"]["mode"] == "blocking":
             raise ConfigError("offload.release", "ordered release needs mode=async (blocking copies all out and waits)")
+        if cfg["offload"]["budget_rule"] == "step_model" and cfg["offload"]["peak_cap_gb"] is not None:
+            raise ConfigError("offload.peak_cap_gb", "budget_rule=step_model places reloads and releases under the "
+                              "peak it plans to fit; a cap applies to budget_rule=deepspeed only")
 
 
 @dataclass(frozen=True)
