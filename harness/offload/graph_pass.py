@@ -38,7 +38,7 @@ from harness.offload import ops
 from harness.offload.graph_edit import (insert_end_backward, insert_head_ops, insert_release_sites, insert_reloads,
                                         profiled_node_names, release_site_names, strip_offload_ops)
 from harness.offload.profiling import ProfileBuilder, graph_nodes_profile, memory_records
-from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device, plan_to_json, plan_within_budget
+from harness.offload.plan import device_limit_bytes, plan_offload, plan_to_json
 from harness.offload.runtime import OffloadRuntime
 from harness.offload.states import discover_tasks
 from harness.units import GB
@@ -74,7 +74,8 @@ def _is_rank0() -> bool:
 class OffloadPass:
     """State of our passes across the graphs of one phase. `evict` and `plan` are the registered pass functions.
     `budget_bytes` None: the auto rule at the device limit (plan.plan_for_device) instead of a budget;
-    `budget_rule` how a budget is planned: "deepspeed" (plan.make_plan) or "step_model" (plan.plan_within_budget)."""
+    `budget_rule` how a budget is planned: "deepspeed" (plan.make_plan) or "step_model" (plan.plan_within_budget);
+    plan.plan_offload picks."""
 
     def __init__(self, runtime: OffloadRuntime, zero_optimizer, budget_bytes: int | None, reload_policy: str,
                  files: PlanFiles, device_total_bytes: int, current_phase: Callable[[], int],
@@ -84,6 +85,7 @@ class OffloadPass:
         self.runtime = runtime
         self.zero_optimizer = zero_optimizer
         self.budget_bytes = budget_bytes
+        self.budget_rule = budget_rule
         self.by_step_model = budget_bytes is None or budget_rule == "step_model"  # planned to fit the device limit
         self.reload_policy = reload_policy
         self.release_policy = release_policy
@@ -169,7 +171,9 @@ class OffloadPass:
         is_last = not with_backward or graph_id == with_backward[0]
         self._builder.step_facts.update(self._step_facts())
         profile = self._builder.to_dict()
-        plan = self._make_plan(profile)
+        limit = device_limit_bytes(self.device_total_bytes, profile.get("allocator_overhead_bytes"))
+        plan = plan_offload(profile, self.budget_bytes, limit, self.budget_rule, self.reload_policy,
+                            self.release_policy, self.cap_bytes)
         self._placements.pop(graph_id, None)  # this graph's ops were stripped: its reloads are placed anew
         reloads = self._reloads_here(plan, graph_id, is_last)
         entries = [(ops.REGISTRY.add(ops.RELOAD, (task,)), task, after) for task, after in reloads]
@@ -179,14 +183,6 @@ class OffloadPass:
         if is_last:
             insert_end_backward(graph, ops.REGISTRY.add(ops.END_BACKWARD))
             self._finish(plan)
-
-    def _make_plan(self, profile: dict) -> dict:
-        if not self.by_step_model:
-            return make_plan(profile, self.budget_bytes, self.reload_policy, self.release_policy, self.cap_bytes)
-        limit = device_limit_bytes(self.device_total_bytes, profile.get("allocator_overhead_bytes"))
-        if self.budget_bytes is None:
-            return plan_for_device(profile, limit, self.reload_policy, self.release_policy)
-        return plan_within_budget(profile, self.budget_bytes, limit, self.reload_policy, self.release_policy)
 
     def observe_step(self, record: dict) -> None:
         """Keep the last steady step (not a compile step) before the first plan: the step model's measurements."""

@@ -223,6 +223,21 @@ def plan_within_budget(profile: dict, budget_bytes: int, limit_bytes: int, reloa
     return {**plan_for_device(profile, min(budget_bytes, limit_bytes), reload, release), "rule": "step_model"}
 
 
+def plan_offload(profile: dict, budget_bytes: int | None, limit_bytes: int | None, budget_rule: str = "deepspeed",
+                 reload: str = "asap", release: str = "recorded", cap_bytes: int | None = None) -> dict:
+    """The plan our pass makes, online and offline: no budget, the device rule at `limit_bytes` (the device less the
+    allocator overhead); a budget, DeepSpeed's sizing (make_plan, under `cap_bytes`) or, under
+    `budget_rule=step_model`, the device rule under the lesser of the budget and the limit (None: the budget)."""
+    expect(budget_rule in BUDGET_RULES, "offload.budget_rule",
+           f"must be one of {', '.join(BUDGET_RULES)}, got {budget_rule!r}")
+    if budget_bytes is None:
+        return plan_for_device(profile, limit_bytes, reload, release)
+    if budget_rule == "deepspeed":
+        return make_plan(profile, budget_bytes, reload, release, cap_bytes)
+    return plan_within_budget(profile, budget_bytes, budget_bytes if limit_bytes is None else limit_bytes, reload,
+                              release)
+
+
 def device_limit_bytes(device_bytes: int, overhead_bytes: int | None) -> int:
     """What the step may allocate on a device of this size: the size less what the allocator holds beyond the live
     bytes on this run (`overhead_bytes`: reserved less allocated once the cache is emptied at the planning step:
@@ -304,21 +319,17 @@ def _budget_from_args(args: argparse.Namespace) -> int:
 
 
 def _plan_from_args(args: argparse.Namespace, profile: dict) -> dict:
-    expect(args.budget_rule in BUDGET_RULES, "offload.budget_rule",
-           f"must be one of {', '.join(BUDGET_RULES)}, got {args.budget_rule!r}")
     has_budget = args.budget_gb is not None or args.budget_bytes is not None
-    if has_budget and args.budget_rule == "deepspeed":
-        expect(args.device_gb is None, "device_gb", "with a budget it applies to --budget-rule step_model only")
-        cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
-        return make_plan(profile, _budget_from_args(args), args.reload, args.release, cap)
-    expect(args.peak_cap_gb is None, "offload.peak_cap_gb", "applies to a budget under --budget-rule deepspeed only")
+    sized_as_deepspeed = has_budget and args.budget_rule == "deepspeed"
+    expect(not sized_as_deepspeed or args.device_gb is None, "device_gb",
+           "with a budget it applies to --budget-rule step_model only")
+    expect(sized_as_deepspeed or args.peak_cap_gb is None, "offload.peak_cap_gb",
+           "applies to a budget under --budget-rule deepspeed only")
     limit = None if args.device_gb is None else device_limit_bytes(
         _gb_to_bytes(args.device_gb, "device_gb"), profile.get("allocator_overhead_bytes"))
-    if not has_budget:
-        return plan_for_device(profile, limit, args.reload, args.release)
-    budget_bytes = _budget_from_args(args)
-    return plan_within_budget(profile, budget_bytes, budget_bytes if limit is None else limit, args.reload,
-                              args.release)
+    cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
+    return plan_offload(profile, _budget_from_args(args) if has_budget else None, limit, args.budget_rule,
+                        args.reload, args.release, cap)
 
 
 def main(argv: list[str] | None = None) -> int:
