@@ -18,6 +18,8 @@ CONFIG_COLUMNS = {
     "train.micro_batch": "micro_batch",
     "train.seq_len": "seq_len",
     "train.steps": "steps",
+    "train.warmup_steps": "warmup_steps",
+    "train.measure_steps": "measure_steps",
     "train.grad_accum": "grad_accum",
     "train.dtype": "dtype",
     "train.seed": "seed",
@@ -39,20 +41,22 @@ CONFIG_COLUMNS = {
     "sweep.name": "sweep_name",
 }
 # Keys added after some committed runs were recorded: what those runs did, which their config cannot name.
-BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed"}
+BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed", "train.warmup_steps": 0}
 SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
-                   "planned_offload_bytes", "predicted_peak_bytes", "device_memory_bytes")
+                   "planned_offload_bytes", "predicted_peak_bytes", "device_memory_bytes", "steady")
 # summary.json's `oom` block (where and by how much a point ran out of memory) as oom_<field> columns.
 OOM_FIELDS = ("stage", "phase", "step", "requested_bytes", "free_bytes", "limit_bytes", "reserved_bytes",
               "allocated_bytes", "message")
 OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
 # Columns saying where a point came from or what it measured, never how it was configured.
 RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS,
-                            *OOM_COLUMNS))
+                            *OOM_COLUMNS, "steady_reasons", "machine_flags"))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
-# Config that runs a point but does not define it (fault injection, logging, the driver's timeout): a
-# point with an injected fault stands where a real failure of the same design point would.
-OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$")
+# Config that runs a point but does not define it (fault injection, logging, the driver's timeout, how many
+# steps it ran and measured): a point with an injected fault stands where a real failure of the same design point
+# would, and runs of one design point measured for longer are repeats of it.
+OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$"
+                         r"|^(steps|warmup_steps|measure_steps)$")
 MISSING = object()  # a config key that is not there, as opposed to one set to null
 
 
@@ -96,6 +100,8 @@ def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
     """Status, run facts, the oom block and every phase's stats flattened: oom_phase, phase0_step_time_s_median,
     final_n, ..."""
     row = {key: summary.get(key) for key in SUMMARY_SCALARS}
+    row["steady_reasons"] = cell_value(summary.get("steady_reasons") or [])
+    row["machine_flags"] = cell_value((summary.get("machine") or {}).get("flags") or [])
     oom = summary.get("oom")  # null, or missing in summaries older than the capacity campaign
     row.update({f"oom_{field}": oom.get(field) if isinstance(oom, Mapping) else None for field in OOM_FIELDS})
     phases = summary.get("phases") or []
@@ -113,5 +119,5 @@ def _flatten_stats(stats: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         if isinstance(value, Mapping):
             flat.update({f"{prefix}_{name}_{stat}": number for stat, number in value.items()})
         else:
-            flat[f"{prefix}_{name}"] = value
+            flat[f"{prefix}_{name}"] = cell_value(value)
     return flat

@@ -12,7 +12,7 @@ from pathlib import Path
 from analysis.load import load_sweep
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
-NOTEBOOKS = ("throughput", "memory", "budget_sweep", "policies", "capacity")
+NOTEBOOKS = ("measurement", "throughput", "memory", "budget_sweep", "policies", "capacity")
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory `import analysis` needs on the path
 
 

@@ -25,7 +25,7 @@ NON_OFFLOAD_ARMS = arm_names(lambda arm: arm.keeps_optimizer_states_on_gpu)
 OFFLOAD_ARMS = arm_names(lambda arm: arm.offloads_opt_states)
 # What a training step computes, and on how much device memory: two points with equal values here are
 # comparable across arms.
-WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "steps", "nproc_per_node", "nnodes",
+WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "nproc_per_node", "nnodes",
                     "device_memory_gb")
 AXIS_LABELS = {"seq_len": "seq", "micro_batch": "mb"}
 NOT_APPLICABLE = "-"

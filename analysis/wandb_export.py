@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.columns import STAT_PREFIX, SUMMARY_SCALARS, config_row
+from analysis.columns import STAT_PREFIX, SUMMARY_SCALARS, cell_value, config_row
 from analysis.load import Sweep, resolved_budget_gb
 
 
@@ -20,7 +20,8 @@ def wandb_point(config: Mapping[str, Any], summary: Mapping[str, Any], run_path:
     row.update({key: flat.get(key) for key in SUMMARY_SCALARS})
     phases = {match.group(1) for key in flat if (match := re.match(r"^phase(\d+)/", key))}
     row["n_phases"] = len(phases)
-    row.update({key.replace("/", "_"): value for key, value in flat.items()
+    row.update({key: cell_value(flat.get(key) or []) for key in ("steady_reasons", "machine_flags")})
+    row.update({key.replace("/", "_"): cell_value(value) for key, value in flat.items()
                 if STAT_PREFIX.match(key) or key.startswith("env/")})
     row["budget_resolved_gb"] = resolved_budget_gb(row)
     return row

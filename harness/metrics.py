@@ -6,7 +6,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from harness import protocol
 from harness.offload.stalls import TIMES as OFFLOAD_TIMES
+from harness.stats import median_interval
 
 # An offload arm's step-record fields: counts and device seconds (per-step deltas of cumulative counters), and
 # our pass's allocator reading at the forward's start (before its launch op).
@@ -43,11 +45,17 @@ def _present(rows: Iterable[dict], key: str) -> list:
     return [r[key] for r in rows if r.get(key) is not None]
 
 
-def phase_stats(phase: int, rows: list[dict]) -> dict[str, Any]:
-    """Statistics of one phase; its first step compiles (or warms up) and is reported apart, and a step slowed by
-    a debug trace (`traced`) is left out of the time statistics."""
+def time_stats(values: Sequence[float]) -> dict[str, float | None]:
+    """Median, p25/p75 and the median's 95% bootstrap interval (ci95_low/high; nulls for fewer than two values)."""
+    low, high = median_interval(values) or (None, None)
+    return {**quartiles(values), "ci95_low": low, "ci95_high": high}
+
+
+def phase_stats(phase: int, rows: list[dict], warmup: int = 0) -> dict[str, Any]:
+    """Statistics of one phase; its first step compiles (or warms up) and is reported apart, and the `warmup` steps
+    after it and any step slowed by a debug trace (`traced`) are left out of the statistics."""
     first = [r for r in rows if r["phase_step"] == 0]
-    measured = [r for r in rows if r["phase_step"] > 0 and not r.get("traced")]
+    measured = [r for r in rows if protocol.is_measured(r, warmup)]
     maxima = {k: (max(v) if (v := _present(rows, k)) else None)
               for k in ("peak_allocated_bytes", "peak_reserved_bytes")}
     sums = {k: (sum(v) if (v := _present(rows, k)) else None) for k in ("alloc_retries", "ooms")}
@@ -56,8 +64,9 @@ def phase_stats(phase: int, rows: list[dict]) -> dict[str, Any]:
         "first_step": min(r["step"] for r in rows),
         "last_step": max(r["step"] for r in rows),
         "n": len(measured),
+        "measured_steps": [r["step"] for r in measured],
         "compile_time_s": first[0]["step_time_s"] if first else None,
-        "step_time_s": quartiles(_present(measured, "step_time_s")),
+        "step_time_s": time_stats(_present(measured, "step_time_s")),
         "tokens_per_s": quartiles(_present(measured, "tokens_per_s")),
         "tflops_per_gpu": quartiles(_present(measured, "tflops_per_gpu")),
         # steady_max: steps after the phase's first, whose peak can be the compiler's (DeepCompile's profiling)
@@ -73,10 +82,10 @@ def phase_stats(phase: int, rows: list[dict]) -> dict[str, Any]:
     }
 
 
-def summarize_phases(rows: list[dict]) -> list[dict[str, Any]]:
-    """Per-phase statistics of a run's step rows, in phase order."""
+def summarize_phases(rows: list[dict], warmup: int = 0) -> list[dict[str, Any]]:
+    """Per-phase statistics of a run's step rows, in phase order, `warmup` steps after each compile step left out."""
     phases = sorted({r["phase"] for r in rows})
-    return [phase_stats(p, [r for r in rows if r["phase"] == p]) for p in phases]
+    return [phase_stats(p, [r for r in rows if r["phase"] == p], warmup) for p in phases]
 
 
 def physical_total_bytes(device: torch.device) -> int | None:

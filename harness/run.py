@@ -25,7 +25,7 @@ dirnames.register()  # conf/hydra/default.yaml names the point folders with it
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness import arms, emulated_device, estimate, launch, progress, runfiles  # noqa: E402
+from harness import arms, emulated_device, estimate, launch, machine, progress, protocol, runfiles  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
 from harness.checks import is_finite_number  # noqa: E402
 from harness.envinfo import collect_env  # noqa: E402
@@ -43,7 +43,9 @@ INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command ended by Ctrl-C (1
 def build_summary(config: dict, status: str, reason: str | None, rows: list[dict], wall_time_s: float,
                   worker_facts: dict, oom: dict | None = None) -> dict[str, Any]:
     """`oom`: where and by how much the point ran out (launch.oom_facts), for an `oom` point."""
-    phases = summarize_phases(rows)
+    warmup = _warmup_steps(config["train"])
+    phases = summarize_phases(rows, warmup)
+    final_rows = [row for row in rows if phases and row["phase"] == phases[-1]["phase"]]
     return {
         "status": status, "reason": reason,
         "arm": config["arm"]["name"], "model": config["model"]["name"],
@@ -53,8 +55,25 @@ def build_summary(config: dict, status: str, reason: str | None, rows: list[dict
         "planned_offload_bytes": worker_facts.get("planned_offload_bytes"),
         "predicted_peak_bytes": worker_facts.get("predicted_peak_bytes"),
         "device_memory_bytes": _emulated_size_bytes(config["env"]), "oom": oom,
+        "warmup_steps": warmup,
+        **protocol.steadiness([row for row in final_rows if protocol.is_measured(row, warmup)]),
+        "machine": _machine_summary(worker_facts.get("machine")),
         "phases": phases, "final": phases[-1] if phases else None,
     }
+
+
+def _warmup_steps(train: dict) -> int:
+    """train.warmup_steps, 0 where it is not a count (a refused config)."""
+    warmup = train.get("warmup_steps")
+    return warmup if type(warmup) is int and warmup >= 0 else 0
+
+
+def _machine_summary(readings: dict | None) -> dict | None:
+    """The ranks' machine readings at the start and end of the measured steps, with what makes them suspect."""
+    if not readings:
+        return None
+    return {"start": readings["start"], "end": readings["end"],
+            "flags": machine.flags(readings["start"], readings["end"], readings["pids"])}
 
 
 def _emulated_size_bytes(env: dict) -> int | None:
@@ -117,14 +136,18 @@ def print_phase_table(summary: dict) -> None:
     print(f"status: {summary['status']}" + (f" ({summary['reason']})" if summary["reason"] else ""))
     if not summary["phases"]:
         return
-    print(f"{'phase':>5} {'steps':>5} {'n':>3} {'compile s':>9} {'median s':>9} {'p25 s':>8} {'p75 s':>8}"
-          f" {'tok/s':>10} {'peak resv GB':>12}")
+    print(f"{'phase':>5} {'steps':>5} {'n':>3} {'compile s':>9} {'median s':>9} {'95% interval':>17} {'p25 s':>8}"
+          f" {'p75 s':>8} {'tok/s':>10} {'peak resv GB':>12}")
     for p in summary["phases"]:
         t, tok, resv = p["step_time_s"], p["tokens_per_s"]["median"], p["peak_reserved_bytes"]["max"]
         fmt = lambda v, w, d: f"{v:>{w}.{d}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
+        interval = f"[{t['ci95_low']:.4f}, {t['ci95_high']:.4f}]" if t["ci95_low"] is not None else "-"
         print(f"{p['phase']:>5} {p['first_step']:>2}-{p['last_step']:<2} {p['n']:>3} {fmt(p['compile_time_s'], 9, 3)}"
-              f" {fmt(t['median'], 9, 4)} {fmt(t['p25'], 8, 4)} {fmt(t['p75'], 8, 4)} {fmt(tok, 10, 0)}"
-              f" {fmt(resv and resv / GB, 12, 2)}")
+              f" {fmt(t['median'], 9, 4)} {interval:>17} {fmt(t['p25'], 8, 4)} {fmt(t['p75'], 8, 4)}"
+              f" {fmt(tok, 10, 0)} {fmt(resv and resv / GB, 12, 2)}")
+    for note in [*(summary["steady_reasons"] if summary["steady"] is not None else []),
+                 *((summary["machine"] or {}).get("flags") or [])]:
+        print(f"flag: {note}")
 
 
 def drive(cfg: DictConfig) -> str:
@@ -156,8 +179,6 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, multiru
     if place.primary:
         start_attempt(run_dir, cfg)
     config = OmegaConf.to_container(cfg, resolve=True)
-    if place.primary:
-        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
     try:
         validate(config, _gpu_count())
         emulated_device.check(config["env"], _device_total_bytes())
@@ -165,10 +186,15 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, multiru
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         if place.primary:
+            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
             write_json(run_dir / runfiles.SUMMARY, build_summary(config, "config_error", str(error), [], 0.0, {}))
         if not multirun:
             sys.exit(CONFIG_ERROR_EXIT_CODE)
         return "config_error"
+    # The point as it runs: train.steps the total, train.measure_steps the final phase's measured count.
+    config = protocol.with_step_counts(config, arms.from_config(config["arm"]).phase_start_steps(config))
+    if place.primary:
+        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
 
     summary = run_point(config, run_dir, place)
     if not place.primary:

@@ -11,9 +11,12 @@ from harness import runfiles
 
 
 def flat_summary(summary: dict) -> dict[str, Any]:
-    """summary.json as flat W&B summary keys: `final/step_time_s/median`, `phase1/...`, `status`."""
+    """summary.json as flat W&B summary keys: `final/step_time_s/median`, `phase1/...`, `status`, `steady` and why
+    not, the machine's flags."""
     flat: dict[str, Any] = {"status": summary["status"], "reason": summary["reason"],
-                            "steps_completed": summary["steps_completed"]}
+                            "steps_completed": summary["steps_completed"], "steady": summary.get("steady"),
+                            "steady_reasons": summary.get("steady_reasons") or [],
+                            "machine_flags": (summary.get("machine") or {}).get("flags") or []}
     blocks = [(f"phase{p['phase']}", p) for p in summary["phases"]]
     if summary.get("final"):
         blocks.append(("final", summary["final"]))

@@ -20,7 +20,7 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as dist
 
-from harness import arms, emulated_device, models, runfiles
+from harness import arms, emulated_device, machine, models, protocol, runfiles
 from harness.budget import resolve_budget_bytes
 from harness.diagnostics import StepDiagnostics
 from harness.metrics import OFFLOAD_COUNTERS, OFFLOAD_GAUGES, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
@@ -87,6 +87,33 @@ def gather_from_ranks(value: Any) -> list[Any]:
     values: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
+
+
+def gpu_uuid(device: torch.device) -> str | None:
+    """The device's UUID as NVML names it (None on a CPU run)."""
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None
+
+
+class MachineWatch:
+    """Every rank's machine reading (harness/machine.py) at the start and at the end of the measured steps,
+    gathered in rank order with the ranks' pids (a collective: every rank reads at the same steps)."""
+
+    def __init__(self, device: torch.device, counts: protocol.StepCounts):
+        self.uuid = gpu_uuid(device)
+        self.first_measured = counts.final_start + 1 + counts.warmup
+        self.measures = self.first_measured < counts.total
+        self.readings: dict[str, list] = {}
+
+    def before(self, step: int) -> None:
+        if self.measures and step == self.first_measured:
+            self.readings["start"] = gather_from_ranks(machine.reading(self.uuid))
+
+    def facts(self) -> dict[str, Any]:
+        """For worker.json, once the last step is done: the readings and the pids they must not count as others."""
+        if not self.measures:
+            return {"machine": None}
+        self.readings["end"] = gather_from_ranks(machine.reading(self.uuid))
+        return {"machine": {**self.readings, "pids": gather_from_ranks(os.getpid())}}
 
 
 def accelerator_total_bytes() -> int:
@@ -180,18 +207,20 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
 
     generator = torch.Generator().manual_seed(train["seed"] * 1000 + rank)
     counters = OffloadCounters(arm.offload_counter_reader())
+    counts = protocol.step_counts(train, starts)
+    watch = MachineWatch(device, counts)
     tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
     vocab = model_cfg["config"]["vocab_size"]
     diagnostics = StepDiagnostics(cfg["debug"], rank, monitor.cuda)
-    final_start = max(s for s in starts if s < train["steps"])  # the last phase this run reaches
-    for step in range(train["steps"]):
+    for step in range(counts.total):
         phase, phase_step = phase_of(step, starts)
         position.step, position.phase = step, phase
         inject_fault(cfg, step, rank)
-        if step == final_start:
+        if step == counts.final_start:
             cap_reserved_memory(cfg["env"]["reserved_cap_gb"], monitor)
         monitor.reset_peaks()
         synchronize(device)
+        watch.before(step)
         diagnostics.before(step, device)
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
@@ -217,13 +246,14 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         record["tflops_per_gpu"] = flops_per_token * tokens / record["step_time_s"] / world / 1e12
         if writer is not None:
             writer.write(record)
-            print(progress_line(record, train["steps"]), flush=True)
+            print(progress_line(record, counts.total), flush=True)
 
+    machine_facts = watch.facts()
     if rank == 0:
-        write_json(run_dir / runfiles.WORKER, {**facts, **arm.plan_facts()})
+        write_json(run_dir / runfiles.WORKER, {**facts, **arm.plan_facts(), **machine_facts})
         writer.close()
     dist.barrier()
-    print(f"worker: rank {rank} finished {train['steps']} steps", flush=True)
+    print(f"worker: rank {rank} finished {counts.total} steps", flush=True)
 
 
 def exit_now(code: int) -> NoReturn:

@@ -13,7 +13,7 @@ from harness.runfiles import read_jsonl
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))
 
-TINY_RUN = ["model=tiny", "train.steps=4", "train.seq_len=32"]  # a point that trains in seconds on CPU
+TINY_RUN = ["model=tiny", "train.warmup_steps=0", "train.measure_steps=3", "train.seq_len=32"]  # 4 steps: seconds on CPU
 SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_NODEID",
               "SLURM_PROCID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "SLURM_JOB_END_TIME")
 # Values out of range, each refused before launch with one line naming the key: checked in process and

@@ -23,7 +23,7 @@ from harness.errors import ConfigError
 from harness.runfiles import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-FAST = ["model=tiny", "train.steps=3", "train.seq_len=32", "logger=none"]
+FAST = ["model=tiny", "train.warmup_steps=0", "train.measure_steps=2", "train.seq_len=32", "logger=none"]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 harness_cmd = partial(conftest.harness_cmd, fast=FAST)
 harness_run = partial(conftest.harness_run, fast=FAST)
@@ -289,7 +289,7 @@ def test_two_drivers_are_the_two_nodes_of_one_point_and_only_node_0_records_it(t
 def test_slurm_time_limit_warning_records_timeout_with_the_steps_done(tmp_path):
     slurm = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NODEID": "0", "SLURM_JOB_END_TIME": str(int(time.time()) + 150)}
-    driver = subprocess.Popen(harness_cmd(tmp_path, "train.steps=5", "debug.fault=hang", "debug.fault_step=2"),
+    driver = subprocess.Popen(harness_cmd(tmp_path, "train.measure_steps=4", "debug.fault=hang", "debug.fault_step=2"),
                               cwd=tmp_path, env=driver_env(**slurm), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     steps = tmp_path / "run" / "steps.jsonl"

@@ -98,7 +98,10 @@ def test_unknown_group_option_is_one_line_naming_the_group():
     (["arm=ds_offload", "arm.variant=fast"], "arm.variant"),
     (["train.seq_len=4096"], "train.seq_len"),
     (["debug.fault=segfault"], "debug.fault"),
-    (["train.steps=6", "debug.memory_trace_step=6"], "debug.memory_trace_step"),
+    (["train.measure_steps=3", "debug.memory_trace_step=6"], "debug.memory_trace_step"),  # zero3: steps 0-5
+    (["train.steps=6"], "train.steps"),  # beside the default train.measure_steps
+    (["train.measure_steps=null"], "train.steps"),  # neither
+    (["train.warmup_steps=-1"], "train.warmup_steps"),
     (["debug.memory_trace_step=-1"], "debug.memory_trace_step"),
     (["debug.memory_trace_step=true"], "debug.memory_trace_step"),
     (["debug.copy_delay_us=-1"], "debug.copy_delay_us"),

@@ -25,7 +25,7 @@ from harness.offload.profile import parse_profile
 pytestmark = pytest.mark.gpu
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROBE = ["model=probe_534m", "train.micro_batch=4", "train.seq_len=1024", "train.steps=10", "logger=none"]
+PROBE = ["model=probe_534m", "train.micro_batch=4", "train.seq_len=1024", "train.measure_steps=5", "logger=none"]
 PARTIAL_BUDGET_GB = os.environ.get("OFFLOAD_GPU_PARTIAL_GB", "12")  # offloads ~half the states of the probe
 FORCED_ALL_GB = "0.000001"
 LOSS_REL_TOL = 1e-4
@@ -174,8 +174,8 @@ def test_ordered_release_matches_deepcompile_losses(runs_dir, baseline):
 # stream wait then reads or overwrites a state mid-copy and the losses drift. wide_2l on an emulated 16 GB device
 # (2 layers: quick to compile): DeepSpeed's auto budget there (16 GB x 0.8) offloads part of the states (2.98 of
 # 8.38 GB).
-RACE = ["model=wide_2l", "env.device_memory_gb=16", "train.micro_batch=2", "train.seq_len=1024", "train.steps=8",
-        "train.torch_adam=true", "logger=none"]
+RACE = ["model=wide_2l", "env.device_memory_gb=16", "train.micro_batch=2", "train.seq_len=1024",
+        "train.measure_steps=5", "train.torch_adam=true", "logger=none"]
 
 
 @pytest.fixture(scope="session")

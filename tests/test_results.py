@@ -86,19 +86,39 @@ def test_capacity_losses_match_deepcompile_at_the_shortest_length():
         assert max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) <= 1e-4, arm
 
 
-@pytest.mark.skipif(not (RESULTS / "probe_limit").exists(), reason="no probe_limit results committed")
-def test_probe_limit_results_show_deepcompile_out_and_our_predictions_within_five_percent():
-    for summary_file in sorted((RESULTS / "probe_limit" / "sweep").glob("*/summary.json")):
-        config = yaml.safe_load((summary_file.parent / "config.yaml").read_text())
-        summary = json.loads(summary_file.read_text())
-        if config["arm"]["name"] == "deepcompile":
-            assert summary["status"] == "oom"
-            continue
-        assert summary["status"] == "ok", summary_file
+LIMIT_CAMPAIGNS = [name for name in ("probe_limit", "wide_limit") if (RESULTS / name / "sweep").exists()]
+
+
+@pytest.mark.parametrize("campaign", LIMIT_CAMPAIGNS)
+def test_limit_campaigns_ran_every_point_and_our_predictions_are_within_five_percent(campaign):
+    points = list(campaign_points(campaign))
+    assert {config["arm"]["name"] for config, _, _ in points} == {"ds_offload", "offload"}
+    for config, summary, steps in points:
+        assert summary["status"] == "ok"
         if config["arm"]["name"] == "offload":
-            steps = [json.loads(line) for line in (summary_file.parent / "steps.jsonl").read_text().splitlines()]
             measured = steady_peak(steps)
-            assert abs(summary["predicted_peak_bytes"] - measured) <= 0.05 * measured, summary_file
+            assert abs(summary["predicted_peak_bytes"] - measured) <= 0.05 * measured
+
+
+def test_campaigns_run_under_the_measurement_protocol_measure_at_least_20_steps_per_point():
+    protocol_points = [(campaign.name, summary) for campaign in CAMPAIGNS for _, summary, _ in
+                       campaign_points(campaign.name) if "warmup_steps" in summary and summary["status"] == "ok"]
+    assert {name for name, _ in protocol_points} >= set(LIMIT_CAMPAIGNS)
+    for name, summary in protocol_points:
+        assert summary["final"]["n"] >= 20, name
+        assert summary["final"]["step_time_s"]["ci95_low"] <= summary["final"]["step_time_s"]["median"] \
+            <= summary["final"]["step_time_s"]["ci95_high"]
+
+
+@pytest.mark.skipif("probe_limit" not in LIMIT_CAMPAIGNS, reason="no probe_limit results committed")
+def test_on_the_probe_our_pass_is_faster_than_deepspeeds_at_one_budget_by_an_interval_that_excludes_1():
+    from analysis.load import load_sweep
+    from analysis.measurement import comparison_table
+
+    sweep = load_sweep(RESULTS / "probe_limit" / "sweep")
+    (row,) = comparison_table(sweep.points, sweep.steps).values.to_dict("records")
+    assert (row["point"], row["against"], row["runs"]) == ("offload", "ds_offload", "3×30 / 3×30")
+    assert row["ci95_high"] < 0.8 and row["reads"] == "faster"
 
 
 @pytest.mark.skipif(not (RESULTS / "probe_limit").exists(), reason="no probe_limit results committed")

@@ -15,7 +15,7 @@ from analysis.columns import is_design_column
 from analysis.load import load_sweep
 from analysis.tables import failed_statuses
 from conftest import BAD_VALUES, TINY_RUN, driver_env, harness_cmd, harness_run, read_run
-from harness.metrics import quartiles
+from harness.metrics import quartiles, time_stats
 from harness.runfiles import read_jsonl
 from harness.sinks import flat_summary, mirror_to_wandb
 
@@ -25,7 +25,7 @@ def file_modes(run_dir: Path) -> dict[str, int]:
 
 
 def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
-    proc = harness_run(tmp_path, "logger=wandb", "arm.phase_starts=[0,2]")
+    proc = harness_run(tmp_path, "logger=wandb", "arm.phase_starts=[0,2]", "train.measure_steps=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "run"
     rows, summary = read_run(run_dir)
@@ -34,7 +34,7 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     for phase in summary["phases"]:
         measured = [r for r in rows if r["phase"] == phase["phase"] and r["phase_step"] > 0]
         assert phase["n"] == len(measured) == 1
-        assert phase["step_time_s"] == quartiles([r["step_time_s"] for r in measured])
+        assert phase["step_time_s"] == time_stats([r["step_time_s"] for r in measured])
         first = next(r for r in rows if r["phase"] == phase["phase"] and r["phase_step"] == 0)
         assert phase["compile_time_s"] == first["step_time_s"]
     assert summary["final"] == summary["phases"][-1]
@@ -139,7 +139,7 @@ def all_gone(processes: list[psutil.Process], within_s: float) -> bool:
 @pytest.mark.parametrize("hung", [False, True], ids=["training", "hung"])
 def test_ctrl_c_stops_every_rank_records_the_point_interrupted_and_ends_the_sweep(tmp_path, hung):
     fault = ["debug.fault=hang", "debug.fault_step=2"] if hung else []
-    cmd = harness_cmd(tmp_path, "logger=none", "train.steps=100000", *fault, "train.repeat=0,1", multirun=True)
+    cmd = harness_cmd(tmp_path, "logger=none", "train.measure_steps=100000", *fault, "train.repeat=0,1", multirun=True)
     with open(tmp_path / "driver.out", "w") as out:  # a file, not a pipe nobody reads while the point runs
         driver = subprocess.Popen(cmd, cwd=tmp_path, env=driver_env(), stdout=out, stderr=subprocess.STDOUT)
     steps = wait_for_steps(driver, tmp_path, "sweep/0_*/steps.jsonl", 2)
@@ -196,7 +196,8 @@ def test_two_rank_gloo_run(tmp_path, run_file_mode):
     # and the run goes on. The cap is set when the last phase the run reaches begins, also when a later phase
     # start lies past the run's end.
     proc = harness_run(tmp_path, "logger=none", "launcher.nproc_per_node=2", "debug.profile_step=2",
-                       "debug.memory_trace_step=1", "env.reserved_cap_gb=1", "arm.phase_starts=[0,2,50]")
+                       "debug.memory_trace_step=1", "env.reserved_cap_gb=1", "arm.phase_starts=[0,2,50]",
+                       "train.steps=4", "train.measure_steps=null")  # a total that ends before the last phase
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, summary = read_run(tmp_path / "run")
     env = json.loads((tmp_path / "run" / "env.json").read_text())
@@ -241,7 +242,7 @@ def test_reserved_cap_bounds_reserved_memory_on_cuda(tmp_path):
     # same run twice, uncapped and capped between its allocated and its reserved peak (eager ZeRO-3 on the probe
     # model reserves ~1.3 GB above what it allocates; the tiny model reserves almost nothing extra)
     big = ["logger=none", "model=probe_534m", "train.torch_adam=true", "train.seq_len=1024", "train.micro_batch=4",
-           "train.steps=4"]
+           "train.warmup_steps=0", "train.measure_steps=3"]
     for name in ("free", "capped"):
         (tmp_path / name).mkdir()
     harness_run(tmp_path / "free", *big)
@@ -277,10 +278,10 @@ from harness.arms import EagerArm
 
 @dataclass(frozen=True)
 class Halves(EagerArm):
-    """Eager ZeRO-3 whose second phase starts half-way through the run, whatever phase_starts says."""
+    """Eager ZeRO-3 whose second phase starts at step 2, whatever phase_starts says."""
 
-    def compile(self, cfg, engine, budget_bytes, run_dir):
-        return [0, cfg["train"]["steps"] // 2]
+    def phase_start_steps(self, cfg):
+        return [0, 2]
 '''
 
 
@@ -298,8 +299,8 @@ def test_a_new_arm_is_one_class_and_one_yaml(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, summary = read_run(tmp_path / "run")
     assert summary["status"] == "ok" and summary["arm"] == "halves"
-    assert [phase["first_step"] for phase in summary["phases"]] == [0, 2]  # train.steps=4: the class's phases
-    assert [row["phase"] for row in rows] == [0, 0, 1, 1]
+    assert [phase["first_step"] for phase in summary["phases"]] == [0, 2]  # the class's phases
+    assert [row["phase"] for row in rows] == [0, 0, 1, 1, 1, 1]  # and 3 measured steps after the final one's first
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["arm"]["name"] == "halves"
 
 

@@ -84,9 +84,14 @@ class Arm:
         """Knobs that cannot work together with the rest of the config (the validation has checked each value
         alone); raises ConfigError naming the key."""
 
+    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
+        """The steps where the arm's phases begin, known before launch: the measurement protocol counts the steps
+        a point runs from the last of them (harness/protocol.py)."""
+        return [0]
+
     def compile(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list[int]:
         """Compile the engine if the arm does; returns the steps where phases begin."""
-        return [0]
+        return self.phase_start_steps(cfg)
 
     def offload_counter_reader(self) -> Callable[[], dict] | None:
         """A function returning the arm's cumulative offload counters, or None for arms without them."""
@@ -117,7 +122,7 @@ class EagerArm(Arm):
     """No compile: one phase, unless `phase_starts` marks more (e.g. to compare warm-up)."""
     phase_starts: Annotated[Optional[list], PhaseStarts()]
 
-    def compile(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list[int]:
+    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
         return list(self.phase_starts or [0])
 
 
@@ -136,8 +141,12 @@ class CompiledArm(Arm):
 
     def compile(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list[int]:
         schedule = self.compile_schedule(cfg, engine, budget_bytes, run_dir)
+        starts = [step for step, _ in schedule]
+        if starts != self.phase_start_steps(cfg):  # the step counts were made from the declared starts
+            raise RuntimeError(f"arm {self.name}: the compile schedule starts phases at {starts}, but the arm "
+                               f"declares {self.phase_start_steps(cfg)} (phase_start_steps)")
         engine.compile(backend=self.compile_backend, schedule=schedule)
-        return [step for step, _ in schedule]
+        return starts
 
     def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
         """[(step, [passes]), ...]: the passes DeepCompile runs from each step on."""

@@ -6,6 +6,11 @@ from typing import Any, ClassVar, Literal, Mapping
 
 from harness.arms.base import BenchRole, CompiledArm, Display, gather_release
 
+# DeepCompile's warm-up (deepspeed.compile.init_z3.WARMUP, 5 in DeepSpeed 0.19): the default schedule adds
+# prefetch and selective gather there. Declared here so the driver counts steps without importing DeepSpeed;
+# CompiledArm.compile refuses a schedule that disagrees.
+DEEPCOMPILE_WARMUP = 5
+
 
 @dataclass(frozen=True)
 class DeepCompile(CompiledArm):
@@ -14,6 +19,9 @@ class DeepCompile(CompiledArm):
 
     bench_role: ClassVar[str] = BenchRole.REFERENCE
     display: ClassVar[Display] = Display("DeepCompile", "#E69F00", "s", table_order=1, capacity_order=2)
+
+    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
+        return [0] if self.schedule == "z3_only" else [0, DEEPCOMPILE_WARMUP]
 
     def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
         if self.schedule == "z3_only":

@@ -28,6 +28,9 @@ class DsOffload(OffloadPassArm):
         if cfg["train"]["grad_accum"] != 1:
             raise ConfigError("train.grad_accum", f"{self.name} (DeepSpeed's pass) supports gradient_accumulation_steps=1 only")
 
+    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
+        return [0, 1]  # DeepSpeed's pass evicts, profiles and plans at step 1, once step 0 made the states
+
     def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
         from deepspeed.compile.passes import offload_adam_states as ds_pass
 

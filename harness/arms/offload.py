@@ -18,6 +18,11 @@ class Offload(OffloadPassArm):
         super().check(cfg)
         offload.check_config(self.deepspeed_config(cfg, cuda=True), dict(cfg["offload"]), cfg["train"]["grad_accum"])
 
+    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
+        from harness.offload import PLANNING_STEP
+
+        return [0, PLANNING_STEP]
+
     def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
         from harness import offload
 

@@ -12,7 +12,11 @@ from harness import schema
 from harness.errors import ConfigError
 from harness.units import GB
 
-__all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "plan_facts"]
+__all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "plan_facts", "PLANNING_STEP"]
+
+# The step our pass plans at (phase 1's start): step 1 runs phase 0's compiled graphs once more, and its measured
+# peaks correct the profile (schedule.py). Here, not in schedule.py, so that counting steps imports no DeepSpeed.
+PLANNING_STEP = 2
 
 _ON_HOST = ("cpu", "nvme")
 _installed = None  # the OffloadPass of the engine install() set up in this process

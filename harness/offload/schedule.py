@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from deepspeed.compile.passes.contract import CAP_OPT_STATES_EVICTED, CAP_Z3_GATHER_RELEASE, PassContract
 
+from harness.offload import PLANNING_STEP
 from harness.offload.graph_pass import OffloadPass
 
 EVICT_PASS = "offload_harness_evict"
 PLAN_PASS = "offload_harness_plan"
 GATHER_RELEASE_PASS = "zero3_compile"  # deepspeed.compile.passes.zero3_compile.NAME
-PLANNING_STEP = 2
 
 # DeepSpeed's own passes that move the same optimizer states, or plan other offloads against the same budget.
 _EXCLUSIVE = frozenset({

@@ -14,6 +14,14 @@ COUNT = Number(low=0, integer=True)  # a step, a rank, a count
 WHOLE_ELEMENTS = Number(low=1, whole=True)  # an element count such as 5e7 (null: DeepSpeed's default)
 
 
+def total_steps(cfg: Mapping[str, Any]) -> int:
+    """The optimizer steps the point runs (train.steps, or what the measurement protocol makes of the arm's phases)."""
+    from harness import arms, protocol  # here only: the planner and the offload runtime read the schema alone
+
+    starts = arms.from_config(cfg["arm"]).phase_start_steps(cfg)
+    return protocol.step_counts(cfg["train"], starts).total
+
+
 class Group:
     """A config group's schema."""
 
@@ -62,7 +70,9 @@ class ModelConfig(Group):
 class TrainConfig(Group):
     micro_batch: Annotated[int, POSITIVE_INT]
     seq_len: Annotated[int, POSITIVE_INT]
-    steps: Annotated[int, POSITIVE_INT]
+    warmup_steps: Annotated[int, COUNT]
+    measure_steps: Annotated[Optional[int], POSITIVE_INT]
+    steps: Annotated[Optional[int], POSITIVE_INT]  # the total; null: from the arm's phases (harness/protocol.py)
     grad_accum: Annotated[int, POSITIVE_INT]
     dtype: Literal["bf16", "fp16", "fp32"]
     lr: Annotated[float, POSITIVE]
@@ -74,6 +84,11 @@ class TrainConfig(Group):
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
+        train = cfg["train"]
+        if (train["steps"] is None) == (train["measure_steps"] is None):
+            raise ConfigError("train.steps", "set train.measure_steps (the final phase's measured steps; the total "
+                              "follows from the arm's phases) or train.steps (the total, with train.measure_steps=null)"
+                              f", not {'both' if train['steps'] is not None else 'neither'}")
         seq_len, max_positions = cfg["train"]["seq_len"], cfg["model"]["config"].get("max_position_embeddings")
         if max_positions is not None and seq_len > max_positions:
             raise ConfigError("train.seq_len", f"{seq_len} exceeds the model's max_position_embeddings {max_positions}")
@@ -164,7 +179,7 @@ class DebugConfig(Group):
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
         """A step to look inside must be a step of the run."""
-        steps = cfg["train"]["steps"]
+        steps = total_steps(cfg)
         for key in ("profile_step", "memory_trace_step"):
             value = cfg["debug"][key]
             if value is not None and not value < steps:

@@ -1,0 +1,159 @@
+"""How each point was measured, and what comparisons between arms can claim.
+
+`measurement_table`: per design point, its runs, their measured steps, the median over runs of each run's median
+with a 95% bootstrap interval, the spread between repeats, and what makes it suspect (too few measured steps, an
+unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload and budget, and over
+DeepCompile without offload at one workload, as a ratio of those medians with a two-level bootstrap interval
+(harness/stats.py); an interval that holds 1 reads "no difference".
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from analysis.design import Design, design, format_value, is_missing
+from analysis.load import OK
+from analysis.tables import WORKLOAD_COLUMNS, NOT_APPLICABLE, Table, display_frame, failed_statuses, format_number, \
+    order_key
+from harness import stats
+from harness.arms import BenchRole, arm_names
+
+MIN_MEASURED = 20  # the protocol's least measured steps per run for a number that backs a claim
+REPEATS_AGREE = 0.03  # repeats of a point whose run medians lie further apart than this are flagged
+BUDGET_COLUMNS = ("budget_gb", "budget_fraction")
+LIMIT_COLUMNS = ("env.reserved_cap_gb",)  # an allocator ceiling inside the (emulated) device, where swept
+
+
+def measured_times(points: pd.DataFrame, steps: pd.DataFrame) -> dict[tuple[str, str], list[float]]:
+    """(sweep, run_dir) -> the step times of an ok point's measured final-phase steps: past the compile step and
+    the point's warm-up steps (none in runs recorded before the protocol), not slowed by a debug trace."""
+    if steps.empty:
+        return {}
+    traced = steps["traced"].fillna(False).astype(bool) if "traced" in steps else False
+    out = {}
+    for point in points[points["status"] == OK].to_dict("records"):
+        warmup = 0 if is_missing(point.get("warmup_steps")) else int(point["warmup_steps"])
+        mine = steps[(steps["sweep"] == point["sweep"]) & (steps["run_dir"] == point["run_dir"])
+                     & (steps["phase"] == point["final_phase"]) & (steps["phase_step"] > warmup) & ~traced]
+        out[(point["sweep"], point["run_dir"])] = mine["step_time_s"].astype(float).tolist()
+    return out
+
+
+def _design_points(points: pd.DataFrame, points_design: Design) -> list[tuple[dict, pd.DataFrame]]:
+    """(a representative row, the runs) per design point, in the tables' order."""
+    keys = points_design.keys
+    groups = [(dict(zip(keys, key)), group) for key, group in points.groupby(keys, dropna=False, sort=False)]
+    order = pd.DataFrame([row for row, _ in groups], columns=keys).sort_values(keys, key=order_key, kind="stable")
+    return [groups[position] for position in order.index]
+
+
+def _runs(group: pd.DataFrame, times: Mapping[tuple[str, str], list[float]]) -> list[list[float]]:
+    ok = group[group["status"] == OK]
+    return [times[(sweep, run_dir)] for sweep, run_dir in zip(ok["sweep"], ok["run_dir"]) if (sweep, run_dir) in times]
+
+
+def _counts(runs: Sequence[Sequence[float]]) -> str:
+    """`3×20` when every run measured as many steps, else each run's count."""
+    counts = [len(run) for run in runs]
+    if not counts:
+        return NOT_APPLICABLE
+    return f"{len(counts)}×{counts[0]}" if len(set(counts)) == 1 else ", ".join(map(str, counts))
+
+
+def _check_names(cells: pd.Series) -> list[str]:
+    """The check names (`trend`, `clock`, ...) of the JSON lists of reasons or flags in a column."""
+    names = [text.partition(":")[0] for cell in cells if isinstance(cell, str) for text in json.loads(cell)]
+    return list(dict.fromkeys(names))
+
+
+def _flags(group: pd.DataFrame, runs: Sequence[Sequence[float]], spread: float | None) -> str:
+    ok = group[group["status"] == OK]
+    flags = []
+    if runs and min(map(len, runs)) < MIN_MEASURED:
+        flags.append(f"< {MIN_MEASURED} steps")
+    if spread is not None and spread > REPEATS_AGREE:
+        flags.append(f"repeats > {REPEATS_AGREE:.0%} apart")
+    unsteady = ok[ok["steady"] == False]  # noqa: E712 (None: too few steps to judge, already flagged above)
+    flags += [f"unsteady ({name})" for name in _check_names(unsteady.get("steady_reasons", pd.Series(dtype=str)))]
+    flags += _check_names(ok.get("machine_flags", pd.Series(dtype=str)))
+    return ", ".join(flags) or NOT_APPLICABLE
+
+
+def measurement_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
+    """Per design point: runs, measured steps per run, the estimate (median over runs of each run's median) with its
+    95% interval, the spread between repeats ((max - min) / estimate of the run medians), and flags."""
+    points_design = design(points)
+    times = measured_times(points, steps)
+    rows, lines = [], []
+    for row, group in _design_points(points, points_design):
+        runs = _runs(group, times)
+        estimate = stats.median_of_runs(runs) if runs else None
+        interval = stats.runs_interval(runs)
+        medians = [float(pd.Series(run).median()) for run in runs]
+        spread = (max(medians) - min(medians)) / estimate if len(runs) > 1 else None
+        failed = failed_statuses(group["status"])
+        rows.append({**row, "n_runs": len(group), "n_ok": len(runs), "failed": failed, "measured": _counts(runs),
+                     "step_time_s": estimate, "ci95_low": interval and interval[0],
+                     "ci95_high": interval and interval[1], "repeat_spread": spread})
+        lines.append({("", "arm"): points_design.label(row), ("", "runs"): f"{len(runs)}/{len(group)} ok",
+                      ("", "measured"): _counts(runs),
+                      ("", "s/step"): format_number(estimate) if runs else failed or NOT_APPLICABLE,
+                      ("", "95% interval"): _interval_text(interval),
+                      ("", "repeats apart"): NOT_APPLICABLE if spread is None else f"{spread:.1%}",
+                      ("", "flags"): _flags(group, runs, spread)})
+    return Table("measurement", pd.DataFrame(rows), display_frame(lines),
+                 caption="Final-phase step time: the median over runs of each run's median over its measured steps, "
+                         "with a 95% bootstrap interval (runs, then steps within each run).")
+
+
+def _interval_text(interval: tuple[float, float] | None) -> str:
+    return NOT_APPLICABLE if interval is None else f"[{format_number(interval[0])}, {format_number(interval[1])}]"
+
+
+def _context(row: Mapping[str, Any], columns: Sequence[str]) -> tuple:
+    return tuple(format_value(row.get(column)) for column in columns)
+
+
+def comparison_pairs(points: pd.DataFrame) -> list[tuple[str, tuple[str, ...]]]:
+    """(the base's bench role, the columns two points must share to be compared)."""
+    present = [column for column in (*WORKLOAD_COLUMNS, *LIMIT_COLUMNS) if column in points]
+    budgets = [column for column in BUDGET_COLUMNS if column in points]
+    return [(BenchRole.PEER, (*present, *budgets)), (BenchRole.REFERENCE, tuple(present))]
+
+
+def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
+    """Our pass over DeepSpeed's pass (same workload, limits and budget) and over DeepCompile without offload (same
+    workload and limits): the ratio of their step-time estimates, its 95% two-level bootstrap interval, runs × the
+    fewest measured steps of a run, and how it reads (faster, slower, no difference)."""
+    points_design = design(points)
+    times = measured_times(points, steps)
+    design_points = [(row, _runs(group, times)) for row, group in _design_points(points, points_design)]
+    ours = arm_names(lambda arm: arm.bench_role == BenchRole.OURS)
+    rows, lines = [], []
+    for role, shared in comparison_pairs(points):
+        bases = arm_names(lambda arm, role=role: arm.bench_role == role)
+        for row, runs in design_points:
+            if row["arm"] not in ours:
+                continue
+            for base, base_runs in design_points:
+                if base["arm"] not in bases or _context(row, shared) != _context(base, shared):
+                    continue
+                ratio = stats.ratio_interval(runs, base_runs)
+                if ratio is None:
+                    continue
+                labels = {"point": points_design.label(row), "against": points_design.label(base)}
+                rows.append({**labels, "ratio": ratio.ratio, "ci95_low": ratio.low, "ci95_high": ratio.high,
+                             "runs": ratio.sizes, "reads": ratio.verdict})
+                lines.append({("", "point"): labels["point"], ("", "against"): labels["against"],
+                              ("", "ratio"): f"{ratio.ratio:.3f}×",
+                              ("", "95% interval"): f"[{ratio.low:.3f}, {ratio.high:.3f}]",
+                              ("", "runs × steps"): ratio.sizes, ("", "reads"): ratio.verdict})
+    return Table("comparison", pd.DataFrame(rows, columns=["point", "against", "ratio", "ci95_low", "ci95_high",
+                                                            "runs", "reads"]),
+                 display_frame(lines, [("", "point"), ("", "against"), ("", "ratio"), ("", "95% interval"),
+                                       ("", "runs × steps"), ("", "reads")]),
+                 caption="Step time of the point over that of the point it is set against (< 1: faster), each the "
+                         "median over runs of each run's median; a 95% bootstrap interval over runs, then steps.")

@@ -1,0 +1,44 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Measurement
+# How each point was measured (runs, measured steps, the median with its 95% bootstrap interval, how far its
+# repeats lie apart, and what makes it suspect), then what the comparisons between arms can claim: our pass over
+# DeepSpeed's pass at one budget and over DeepCompile without offload, each a ratio with its interval.
+
+# %% tags=["parameters"]
+sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<timestamp>
+out_dir = "report"
+
+# %%
+from analysis.measurement import comparison_table, measurement_table
+from analysis.notebook import open_report
+
+report = open_report(sweep_dir, out_dir)
+
+# %% [markdown]
+# Flags: `< 20 steps` (fewer measured steps than the protocol asks of a number that backs a claim),
+# `repeats > 3% apart` (the runs' medians), `unsteady (...)` (a run's measured steps trend, its reserved memory
+# still grows, or the allocator retried on most steps), and what the machine showed (`clock`, `slowdown`,
+# `neighbour`).
+
+# %%
+report.table(measurement_table(report.points, report.steps))
+
+# %%
+comparisons = comparison_table(report.points, report.steps)
+if not comparisons.values.empty:
+    report.table(comparisons)
+comparisons.display
