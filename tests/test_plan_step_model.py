@@ -84,8 +84,18 @@ def test_device_rule_keeps_what_fits_and_offloads_the_rest():
     plan = plan_for_device(profile, 460)  # backward peak 400: room for the first 40-byte state only
     assert plan["offloaded"] == ["0:exp_avg", "1:fp32"] and plan["feasible"] and plan["rule"] == "device_limit"
     assert plan["predicted_peak_bytes"] <= 460
-    hopeless = plan_for_device(profile, 300)
+    hopeless = plan_for_device(profile, 300)  # under the backward node alone: only no resident state reaches 400
     assert hopeless["offloaded_bytes"] == hopeless["total_state_bytes"] and not hopeless["feasible"]
+    assert hopeless["predicted_peak_bytes"] == 400
+
+
+def test_device_rule_under_the_optimizer_steps_floor_offloads_only_what_lowers_the_peak():
+    # the optimizer step (measured start 100 + every state 100 + transient 280 = 480) is the peak whatever is
+    # offloaded; backward (400) with the first two states resident reaches it, with all three it passes it
+    profile = measured_profile(measured_start=100, transient=280)
+    plan = plan_for_device(profile, 350)
+    assert not plan["feasible"] and plan["predicted_peak_bytes"] == 480
+    assert plan["offloaded"] == ["1:fp32"]
 
 
 def test_device_rule_reloads_in_backward_only_beside_the_measured_peak():
@@ -124,8 +134,11 @@ def test_device_rule_fits_whenever_any_plan_fits_and_offloads_the_least(profile,
     if fitting:
         assert plan["feasible"] and plan["predicted_peak_bytes"] <= limit
         assert plan["offloaded_bytes"] <= min(candidate["offloaded_bytes"] for candidate in fitting)
-    else:
-        assert plan["offloaded_bytes"] == plan["total_state_bytes"]
+    else:  # the lowest peak any plan reaches, with the least offload that reaches it
+        lowest = min(candidate["predicted_peak_bytes"] for candidate in candidates)
+        assert not plan["feasible"] and plan["predicted_peak_bytes"] == lowest
+        assert plan["offloaded_bytes"] <= min(candidate["offloaded_bytes"] for candidate in candidates
+                                              if candidate["predicted_peak_bytes"] == lowest)
 
 
 @SETTINGS
