@@ -1,4 +1,5 @@
-"""The benchmark printer: ratios, knob labels, reserved trajectories and loss differences from run files."""
+"""The benchmark printer: knob labels, reserved trajectories, loss differences and comparisons with their intervals
+from run files."""
 from __future__ import annotations
 
 import json
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from harness.bench import knob_defaults, load_points, report, run_lengths
+from analysis.fixtures.synthetic import write_point as write_synthetic
+from harness.bench import comparisons, knob_defaults, load_points, report, run_lengths
 
 
 def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[float], budget_gb=1e-6,
@@ -24,33 +26,47 @@ def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[fl
     (run_dir / "steps.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def test_report_prints_ratios_knobs_that_differ_and_loss_differences(tmp_path):
+def test_report_prints_knobs_that_differ_and_loss_differences(tmp_path):
     write_point(tmp_path, "0_dc", "deepcompile", 0.05, [10.0, 9.0, 8.0], budget_gb=None)
     write_point(tmp_path, "1_ds", "ds_offload", 0.25, [10.0, 9.0, 8.0])
     write_point(tmp_path, "2_ours", "offload", 0.125, [10.0, 9.0, 8.0008], release="ordered", peak_cap_gb=12)
     text = report(load_points([tmp_path]))
     assert "== budget_gb=1e-06" in text
     # only knobs that differ from conf/offload/default.yaml label our pass
-    assert "ratio offload[release=ordered,peak_cap_gb=12] / ds_offload: 0.500" in text
-    assert "ratio offload[release=ordered,peak_cap_gb=12] / deepcompile: 2.500" in text
+    assert "offload[release=ordered,peak_cap_gb=12]" in text and "final median 0.1250 s" in text
     assert "max rel loss diff vs deepcompile 1.00e-04" in text
     assert "final-phase peak reserved GB per step: [12.0, 13.0]" in text  # phase 1 only
 
 
-def test_report_leaves_out_ratios_without_a_finished_base(tmp_path):
-    write_point(tmp_path, "0_ours", "offload", 0.125, [10.0, 9.0])
-    assert "ratio" not in report(load_points([tmp_path]))
+def repeats(sweep: Path, arm: str, seconds: float, runs: int = 2, **kwargs) -> None:
+    """`runs` repeats of one point whose measured steps take about `seconds` (a compile step of 5 s first)."""
+    for repeat in range(runs):
+        jitter = (0.99, 1.01, 1.0, 0.98, 1.02)
+        write_synthetic(sweep, len(list(sweep.glob("*_*"))), arm=arm, repeat=repeat,
+                        phase_times=((5.0, *(seconds * j for j in jitter)),), **kwargs)
 
 
-def test_ratios_compare_points_under_the_same_allocator_ceiling(tmp_path):
-    write_point(tmp_path, "0_ds", "ds_offload", 0.25, [10.0, 9.0])
-    write_point(tmp_path, "1_ds_cap", "ds_offload", 0.30, [10.0, 9.0], reserved_cap_gb=12, retries=40)
-    write_point(tmp_path, "2_ours_cap", "offload", 0.15, [10.0, 9.0], reserved_cap_gb=12, retries=19)
-    write_point(tmp_path, "3_ours", "offload", 0.20, [10.0, 9.0])
-    text = report(load_points([tmp_path]))
-    assert "ratio offload[reserved_cap_gb=12] / ds_offload[reserved_cap_gb=12]: 0.500" in text
-    assert "ratio offload / ds_offload: 0.800" in text
-    assert "ds_offload[reserved_cap_gb=12]" in text and "alloc retries 40" in text and "alloc retries 19" in text
+def test_comparisons_give_each_ratio_its_interval_over_repeats(tmp_path):
+    repeats(tmp_path, "ds_offload", 0.20, budget_gb=11.0)
+    repeats(tmp_path, "offload", 0.10, budget_gb=11.0)
+    repeats(tmp_path, "offload", 0.30, budget_gb=13.0)  # no DeepSpeed point at 13 GB: nothing to compare
+    text = comparisons([tmp_path])
+    lines = [line for line in text.splitlines() if " / " in line]
+    assert len(lines) == 1 and lines[0].startswith("  offload, budget_gb=11 / ds_offload: 0.500× [")
+    assert lines[0].endswith("n = 2×5 / 2×5: faster")
+
+
+def test_comparisons_pair_points_under_the_same_allocator_ceiling(tmp_path):
+    repeats(tmp_path, "ds_offload", 0.25, budget_gb=11.0)
+    repeats(tmp_path, "ds_offload", 0.30, budget_gb=11.0, extra={"env.reserved_cap_gb": 12})
+    repeats(tmp_path, "offload", 0.15, budget_gb=11.0, extra={"env.reserved_cap_gb": 12})
+    lines = [line for line in comparisons([tmp_path]).splitlines() if " / " in line]
+    assert len(lines) == 1 and "offload / ds_offload, env.reserved_cap_gb=12: 0.500×" in lines[0]  # not the 0.25 s
+
+
+def test_no_comparison_without_a_finished_base(tmp_path):
+    repeats(tmp_path, "offload", 0.125, budget_gb=11.0)
+    assert comparisons([tmp_path]) == ""
 
 
 def test_reserved_trajectory_prints_repeats_once_with_their_count():
