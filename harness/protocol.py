@@ -28,6 +28,11 @@ class StepCounts:
     warmup: int
     measured: int
 
+    @property
+    def first_measured(self) -> int:
+        """The final phase's first measured step (== total when it measures none)."""
+        return self.final_start + 1 + self.warmup
+
 
 def step_counts(train: Mapping[str, Any], phase_starts: Sequence[int]) -> StepCounts:
     """The step counts of a validated train group, given the steps where the arm's phases begin."""
@@ -38,7 +43,7 @@ def step_counts(train: Mapping[str, Any], phase_starts: Sequence[int]) -> StepCo
                           train["measure_steps"])
     total = train["steps"]
     final_start = max(start for start in phase_starts if start < total)  # the last phase the run reaches
-    return StepCounts(total, final_start, warmup, max(0, total - final_start - 1 - warmup))
+    return StepCounts(total, final_start, warmup, max(0, total - (final_start + 1 + warmup)))
 
 
 def with_step_counts(config: dict[str, Any], phase_starts: Sequence[int]) -> dict[str, Any]:

@@ -100,8 +100,8 @@ class MachineWatch:
 
     def __init__(self, device: torch.device, counts: protocol.StepCounts):
         self.uuid = gpu_uuid(device)
-        self.first_measured = counts.final_start + 1 + counts.warmup
-        self.measures = self.first_measured < counts.total
+        self.first_measured = counts.first_measured
+        self.measures = counts.measured > 0
         self.readings: dict[str, list] = {}
 
     def before(self, step: int) -> None:
