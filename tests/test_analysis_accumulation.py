@@ -53,14 +53,9 @@ def write_campaign(sweep_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("accumulation")
-    write_campaign(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def points(sweep_dir):
+def points(tmp_path_factory):
+    sweep_dir = tmp_path_factory.mktemp("accumulation")
+    write_campaign(sweep_dir)
     return load_sweep(sweep_dir).points
 
 
@@ -117,9 +112,9 @@ def test_the_other_tables_and_figures_keep_one_series_per_arm(points):
     assert set(throughput_vs_micro_batch(at_batch).data["series"]) == {"deepcompile", "ds_offload", "offload"}
 
 
-def test_the_notebook_writes_what_the_library_writes_and_nothing_without_such_points(sweep_dir, tmp_path):
-    assert run_notebook("throughput", sweep_dir, tmp_path / "notebook")
-    library = accumulation.write_accumulation_files(load_sweep(sweep_dir).points, tmp_path / "library")
+def test_the_notebook_writes_what_the_library_writes_and_nothing_without_such_points(points, tmp_path):
+    assert run_notebook("throughput", Path(points["sweep"].iloc[0]), tmp_path / "notebook")
+    library = accumulation.write_accumulation_files(points, tmp_path / "library")
     assert sorted(str(path.relative_to(tmp_path / "library")) for path in library if path.suffix != ".png") == [
         "figures/accumulation_throughput_16seq.pdf", "figures/accumulation_throughput_16seq_data.csv",
         "tables/accumulation_16seq.csv", "tables/accumulation_16seq.md", "tables/accumulation_16seq.tex",
