@@ -203,7 +203,7 @@ def calibrate(profile: Profile) -> Profile:
     - a backward node's reading holds every saved activation, where the compiled graph has freed each after its
       last use: backward nodes less their inputs already freed;
     - they miss the reduce buckets, which exist through backward, and with gradient accumulation the receive
-      buffer of the micro-batches after the first (the profiled one is the first): added to backward nodes;
+      buffer of every micro-batch after an optimizer step's first: added to backward nodes;
     - eager runs materialise what inductor fuses (the loss over the vocabulary most of all), so long sequences
       read high: where a steady step was measured before planning, every node moves by the same amount, so that
       the highest one is the measured peak.

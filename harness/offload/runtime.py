@@ -13,7 +13,8 @@
 - gradient accumulation (accumulation.py): the compiled graphs run once per micro-batch. The launch and
   empty-cache ops act only in the first micro-batch after an optimizer step, the reload and end-of-backward ops
   only in the last one, whose optimizer step reads the states; between them the states stay on the host and
-  nothing is copied. Release ops act on held blocks only, which the first micro-batch's releases leave none of.
+  nothing is copied. Release ops free only blocks still held: after the first micro-batch, none but those the
+  plan holds all step, which no site releases.
 While DeepCompile profiles a graph the ops do nothing: profiling runs graphs node by node, sometimes many times.
 """
 from __future__ import annotations
