@@ -8,7 +8,7 @@ for a sweep without one. Points on the real device (a null size) have no capacit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.transforms import blended_transform_factory
 
-from analysis.design import design, format_value, is_missing
+from analysis.design import along_axis, design, format_value, is_missing
 from analysis.layout import legend_below
 from analysis.load import GB, OK, load_sweep
 from analysis.plots import (PAPER_RC, Plot, annotate_failures, arm_style, concat_data, data_rows,
@@ -71,19 +71,24 @@ def ran_out(values: pd.DataFrame) -> pd.Series:
 
 
 def capacity_values(points: pd.DataFrame, size: float) -> tuple[pd.DataFrame, str]:
-    """The points of one emulated size, one row per design point and ladder value (the swept axis): medians
-    over the ok repeats, `failed` naming where OOM runs ran out, `series` the row label; arms in PR #8186's
-    order. Returns them and the axis."""
+    """The points of one emulated size along their swept axis (ladder_values). Returns them and the axis."""
     points = points_of_size(points, size)
     axis = swept_axis(points)
+    return ladder_values(points, axis), axis
+
+
+def ladder_values(points: pd.DataFrame, axis: str, more: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per design point and ladder value (the swept axis): medians over the ok repeats of step time,
+    tokens/s, peak reserved and the `more` columns, `failed` naming where OOM runs ran out, `series` the row label
+    (keys that follow the axis left out, design.along_axis); arms in PR #8186's order."""
     points_design = design(points)
-    keys = [key for key in points_design.keys if key != axis] + [axis]
+    keys, on_axis = along_axis(points_design, points, axis)
     points = points.assign(outcome=[outcome(point) for point in points.to_dict("records")])
-    values = aggregate_repeats(points, keys, [STEP_TIME, TOKENS_PER_S, TOKENS_P25, TOKENS_P75, PEAK_RESERVED],
+    values = aggregate_repeats(points, keys, [STEP_TIME, TOKENS_PER_S, TOKENS_P25, TOKENS_P75, PEAK_RESERVED, *more],
                                outcome="outcome")
     values = values.sort_values("arm", key=lambda arms: arms.map(_arm_rank), kind="stable").reset_index(drop=True)
-    values["series"] = [points_design.label(row, leave_out=[axis]) for row in values.to_dict("records")]
-    return values, axis
+    values["series"] = [points_design.label(row, leave_out=on_axis) for row in values.to_dict("records")]
+    return values
 
 
 def _arm_rank(arm: str) -> tuple[int, str]:
@@ -115,9 +120,15 @@ def _size_suffix(size: float) -> str:
 
 
 def frontier_plot(points: pd.DataFrame, size: float) -> Plot:
-    """Final-phase median tokens/s (IQR bars) against the ladder per arm; an x in the arm's colour at its
-    first OOM, level with its last point that ran (at the bottom when none ran)."""
+    """Final-phase median tokens/s against the ladder per arm, until each runs out (throughput_until_oom)."""
     values, axis = capacity_values(points, size)
+    return throughput_until_oom(values, axis, f"capacity_frontier_{_size_suffix(size)}",
+                                f"Throughput until out of memory, emulated {size_text(size)} device")
+
+
+def throughput_until_oom(values: pd.DataFrame, axis: str, name: str, title: str, xlabel: str | None = None) -> Plot:
+    """Final-phase median tokens/s (IQR bars) of ladder_values against the axis per series; an x in the arm's
+    colour at its first OOM, level with its last point that ran (at the bottom when none ran)."""
     with mpl.rc_context(PAPER_RC):
         figure, ax = plt.subplots(figsize=FIGURE_SIZE, layout="constrained")
         data = _draw_ladder(ax, values, axis,
@@ -125,9 +136,8 @@ def frontier_plot(points: pd.DataFrame, size: float) -> Plot:
                                                                TOKENS_P25, TOKENS_P75),
                             lambda ok, x: _last_below(ok, axis, x))
         _annotate_other_failures(ax, values, axis, data, TOKENS_PER_S)
-        _finish(figure, ax, values, axis, "throughput (tokens/s), final phase",
-                f"Throughput until out of memory, emulated {size_text(size)} device")
-    return Plot(f"capacity_frontier_{_size_suffix(size)}", figure, concat_data(data))
+        _finish(figure, ax, values, axis, "throughput (tokens/s), final phase", title, xlabel)
+    return Plot(name, figure, concat_data(data))
 
 
 def peak_reserved_plot(points: pd.DataFrame, size: float) -> Plot:
@@ -193,10 +203,10 @@ def _annotate_other_failures(ax, values: pd.DataFrame, axis: str, data: list[pd.
     data.append(data_rows(failed, "failed", axis, y, scale=scale))
 
 
-def _finish(figure, ax, values: pd.DataFrame, axis: str, ylabel: str, title: str) -> None:
-    """Ladder ticks (also where only OOMs are), labels, the title naming the emulated size, one legend below."""
+def _finish(figure, ax, values: pd.DataFrame, axis: str, ylabel: str, title: str, xlabel: str | None = None) -> None:
+    """Ladder ticks (also where only OOMs are), labels, the title, one legend below."""
     doubling_axis(ax, values[axis])
-    ax.set_xlabel(AXIS_TITLES.get(axis, axis))
+    ax.set_xlabel(xlabel or AXIS_TITLES.get(axis, axis))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if ran_out(values).any():

@@ -88,3 +88,21 @@ def design(points: pd.DataFrame) -> Design:
                                     for column in shown[arm]}).drop_duplicates()
     keys = ["arm", *[column for column in candidates if any(column in columns for columns in shown.values())]]
     return Design(keys=keys, shown=shown, values=values)
+
+
+def along_axis(points_design: Design, points: pd.DataFrame, axis: str) -> tuple[list[str], list[str]]:
+    """The keys of a table or figure along a swept axis, and what its labels leave out. Keys: the design keys with
+    the axis last (an arm's cells stay together), less the keys that follow the axis one to one, which say
+    nothing the axis does not (the accumulation campaign's gradient accumulation, 16 at micro-batch 1 to 2 at 8,
+    and the row that sets both). Labels leave out the axis and those keys."""
+    following = [key for key in points_design.keys if key not in ("arm", axis) and _follows(points, key, axis)]
+    keys = [key for key in points_design.keys if key != axis and key not in following] + [axis]
+    return keys, [axis, *following]
+
+
+def _follows(points: pd.DataFrame, key: str, axis: str) -> bool:
+    """Whether `key` takes one value per value of `axis`, a different one for each."""
+    if axis not in points:
+        return False
+    pairs = set(zip(points[axis].map(format_value), points[key].map(format_value)))
+    return len(pairs) == len({value for value, _ in pairs}) == len({value for _, value in pairs}) > 1

@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from analysis.design import Design, design, format_value, is_missing
+from analysis.design import Design, along_axis, design, format_value, is_missing
 from analysis.layout import legend_below, wrap
 from analysis.load import GB, OK
 from analysis.render import to_csv
@@ -225,9 +225,8 @@ def throughput_vs_micro_batch(points: pd.DataFrame) -> Plot:
     """Final-phase median tokens/s against micro-batch, one line per arm (and other design choices)."""
     p25, p75 = "final_tokens_per_s_p25", "final_tokens_per_s_p75"
     points_design = design(points)
-    keys = [key for key in points_design.keys if key != "micro_batch"] + ["micro_batch"]
-    aggregated = with_series(aggregate_repeats(points, keys, [TOKENS_PER_S, p25, p75]), points_design,
-                             ["micro_batch"])
+    keys, on_axis = along_axis(points_design, points, "micro_batch")
+    aggregated = with_series(aggregate_repeats(points, keys, [TOKENS_PER_S, p25, p75]), points_design, on_axis)
     data = []
     with mpl.rc_context(PAPER_RC):
         figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")

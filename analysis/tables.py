@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.design import design, format_value, is_missing, varies
+from analysis.design import along_axis, design, format_value, is_missing, varies
 from analysis.load import GB, OK
 from harness.arms import arm_names
 
@@ -159,9 +159,9 @@ def throughput_table(points: pd.DataFrame, axis: str | None = None) -> Table:
     tokens/s, speed-up vs zero3 and vs the best non-offload arm."""
     axis = axis or swept_axis(points)
     points_design = design(points)
-    keys = [key for key in points_design.keys if key != axis] + [axis]  # axis last: an arm's rows stay together
+    keys, on_axis = along_axis(points_design, points, axis)
     values = add_speedups(aggregate_repeats(points, keys, [STEP_TIME, TOKENS_PER_S]), keys)
-    values["label"] = [points_design.label(row, leave_out=[axis]) for row in values.to_dict("records")]
+    values["label"] = [points_design.label(row, leave_out=on_axis) for row in values.to_dict("records")]
     cells: dict[str, dict[tuple[str, str], str]] = {}
     for row in values.to_dict("records"):
         group = axis_label(axis, row[axis])

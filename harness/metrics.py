@@ -11,8 +11,11 @@ from harness.offload.stalls import TIMES as OFFLOAD_TIMES
 from harness.stats import median_interval
 
 # An offload arm's step-record fields: counts and device seconds (per-step deltas of cumulative counters), and
-# our pass's allocator reading at the forward's start (before its launch op).
-OFFLOAD_COUNTS = ("offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls")
+# our pass's allocator reading at the forward's start (before its launch op). `offload_cycles`: how many times
+# per optimizer step the states went out (and back): 1 for our pass whatever the gradient accumulation, one per
+# micro-batch for DeepSpeed's pass.
+OFFLOAD_COUNTS = ("offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls",
+                  "offload_cycles")
 OFFLOAD_COUNTERS = OFFLOAD_COUNTS + OFFLOAD_TIMES
 OFFLOAD_GAUGES = ("fwd_start_allocated_bytes",)
 # The step's segments the monitor reads peaks for, in order: forward + backward (to engine.backward's return),
@@ -75,9 +78,8 @@ def phase_stats(phase: int, rows: list[dict], warmup: int = 0) -> dict[str, Any]
         "peak_reserved_bytes": {"max": maxima["peak_reserved_bytes"]},
         "alloc_retries": {"sum": sums["alloc_retries"]},
         "ooms": {"sum": sums["ooms"]},
-        "offload_bytes": {"median": quartiles(_present(measured, "offload_bytes"))["median"]},
-        "reload_bytes": {"median": quartiles(_present(measured, "reload_bytes"))["median"]},
-        **{k: {"median": quartiles(_present(measured, k))["median"]} for k in OFFLOAD_TIMES},
+        **{k: {"median": quartiles(_present(measured, k))["median"]}
+           for k in ("offload_bytes", "reload_bytes", "offload_cycles", *OFFLOAD_TIMES)},
         **{k: {"steady_max": max(_present(measured, k), default=None)} for k in SEGMENT_PEAKS},
     }
 

@@ -145,6 +145,24 @@ class FakeZero3Optimizer:
                 for tensor in [flat, *self.optimizer.state[flat].values()]]
 
 
+class FakeAccumulatingEngine:
+    """A DeepSpeed engine's gradient-accumulation bookkeeping (managed accumulation): every step() advances the
+    micro-step counter; the optimizer steps on the last of `accumulation` micro-batches."""
+
+    def __init__(self, accumulation: int):
+        self.micro_steps = 0
+        self.accumulation = accumulation
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.accumulation
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.accumulation == 0
+
+    def step(self) -> None:
+        self.micro_steps += 1
+
+
 def init_deepspeed_on_cpu(monkeypatch) -> None:
     """DeepSpeed's communication layer, world size 1 over gloo (initialized once per process; the rank variables
     are set for every test, since deepspeed.initialize reads them)."""

@@ -60,6 +60,17 @@ def test_pr8186_rows_select_their_arm(row):
     assert cfg.model.name == "qwen3_14b" and cfg.train.micro_batch == 4
 
 
+def test_accumulation_rows_keep_one_global_batch_and_the_campaign_sweeps_every_row():
+    rows = options(REPO_ROOT / "experiments" / "accumulation_rows")
+    swept = compose_config(["experiments=accumulation"], hydra=True).hydra.sweeper.params
+    assert str(swept["+experiments/accumulation_rows"]).split(",") == sorted(rows, key=lambda row: int(row[2:]))
+    assert list(swept)[0] == "train.repeat"  # repeats vary slowest: interleaved
+    for row in rows:
+        train = compose_config(["experiments=accumulation", f"+experiments/accumulation_rows={row}"]).train
+        assert row == f"mb{train.micro_batch}" and train.micro_batch * train.grad_accum == 16
+        assert train.measure_steps >= 20
+
+
 # Published parameter counts of the shapes (Qwen3 model cards, Llama 3 paper).
 @pytest.mark.parametrize("model,expected", [
     ("qwen3_14b", 14.77e9), ("qwen3_8b", 8.19e9), ("qwen3_4b", 4.02e9), ("qwen3_1.7b", 1.72e9),

@@ -3,6 +3,7 @@
     pytest -m gpu tests/test_offload_gpu.py -k partial      # baseline + ours at a partial budget + ds_offload
     pytest -m gpu tests/test_offload_gpu.py -k "forced or warm or blocking"
     pytest -m gpu tests/test_offload_gpu.py -k race                # copy delays on wide_2l (~1.5 min per run)
+    pytest -m gpu tests/test_offload_gpu.py -k accumulation        # gradient accumulation 4: 3 runs, ~8 min
 
 Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
 separate invocations share the deepcompile baseline. Run the points one at a time, never side by side on one GPU:
@@ -200,3 +201,47 @@ def test_race_stress_copy_delays_keep_the_losses(runs_dir, race_baseline, budget
     assert rows[-1]["copy_d2h_busy_s"] + rows[-1]["copy_h2d_busy_s"] >= copies * delay_us * 1e-6 * 0.9, rows[-1]
     assert all(row["offload_stall_s"] is not None for row in rows)
     assert_same_losses(run_dir, race_baseline)
+
+
+# Gradient accumulation 4 on the probe (mb 4: 16 sequences per optimizer step) at the partial budget: our pass
+# moves its planned states once per optimizer step, DeepSpeed's pass repeats its cycle every micro-batch, and both
+# keep deepcompile's losses at the same accumulation and micro-batch (the loss of a step: the mean over its
+# micro-batches).
+ACCUMULATION = 4
+GA = [f"train.grad_accum={ACCUMULATION}"]
+
+
+@pytest.fixture(scope="session")
+def accumulation_baseline(runs_dir) -> Path:
+    return run_point(runs_dir, "deepcompile_ga4", ["arm=deepcompile", *GA])
+
+
+def accumulation_run(runs_dir: Path) -> Path:
+    return run_point(runs_dir, "offload_partial_ga4", ["arm=offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}", *GA])
+
+
+def test_accumulation_moves_our_planned_states_once_per_optimizer_step(runs_dir, accumulation_baseline):
+    run_dir = accumulation_run(runs_dir)
+    plan = assert_plan_ran(run_dir)  # every optimizer step: each planned state out once and back once
+    assert 0.2 <= plan["offloaded_bytes"] / plan["total_state_bytes"] <= 0.8, plan["offloaded_bytes"]
+    rows = steady_rows(run_dir)
+    assert [row["offload_cycles"] for row in rows] == [1] * len(rows)
+    assert read_json(run_dir, "profile.json")["accumulation_recv_bytes"] > 0
+    assert_same_losses(run_dir, accumulation_baseline)
+
+
+def test_accumulation_repeats_deepspeeds_cycle_every_micro_batch(runs_dir, accumulation_baseline):
+    run_dir = run_point(runs_dir, "ds_offload_partial_ga4",
+                        ["arm=ds_offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}", *GA])
+    assert read_json(run_dir, "worker.json")["planned_offload_bytes"] > 0
+    for row in steady_rows(run_dir):  # every scheduled state out and back once per micro-batch
+        assert row["offload_cycles"] == ACCUMULATION, row
+        assert row["offload_launches"] == row["reloads"] > 0 and row["offload_launches"] % ACCUMULATION == 0, row
+    assert_same_losses(run_dir, accumulation_baseline)
+
+
+def test_accumulation_predicted_peak_is_within_five_percent(runs_dir):
+    run_dir = accumulation_run(runs_dir)
+    predicted = read_json(run_dir, "summary.json")["predicted_peak_bytes"]
+    measured = max(row["peak_allocated_bytes"] for row in steady_rows(run_dir))
+    assert abs(predicted - measured) <= 0.05 * measured, (predicted, measured)

@@ -67,7 +67,7 @@ class Harness:
     """One OffloadPass over a fake optimizer, with the DeepCompile calling convention."""
 
     def __init__(self, tmp_path, budget: int | None, reload: str = "asap", phase: int = 1, release: str = "recorded",
-                 cap: int | None = None, budget_rule: str = "deepspeed"):
+                 cap: int | None = None, budget_rule: str = "deepspeed", accumulation_recv_bytes: int = 0):
         self.optimizer = FakeZero3Optimizer()
         self.device = device = FakeDevice()
         self.runtime = OffloadRuntime(StateMover(device, hold=release == "ordered"), "async",
@@ -76,7 +76,7 @@ class Harness:
         self.pass_ = OffloadPass(self.runtime, self.optimizer, budget, reload, PlanFiles(str(tmp_path)),
                                  device_total_bytes=10_000, current_phase=lambda: self.phase,
                                  writes_files=lambda: True, release_policy=release, cap_bytes=cap,
-                                 budget_rule=budget_rule)
+                                 budget_rule=budget_rule, accumulation_recv_bytes=accumulation_recv_bytes)
         self.results: dict[int, ProfilingResult] = {}
 
     def run(self, gm, graph_id: int, graph_order, bwd: bool, peaks: dict[str, int] | None = None):
@@ -597,3 +597,15 @@ def test_the_steady_step_before_planning_gives_the_measured_peak_and_the_optimiz
     pass_.last_plan = {"offloaded_bytes": 0}  # once planned, later steps run the plan: not the model's input
     pass_.observe_step({"phase_step": 3, "fwd_bwd_peak_allocated_bytes": 1, "opt_step_peak_allocated_bytes": 1})
     assert pass_._step_facts()["measured_fwd_bwd_peak_bytes"] == 5000 - 120
+
+
+@pytest.mark.parametrize("recv_bytes", [0, 700])
+def test_accumulations_receive_buffer_reaches_the_profile_and_the_plans_backward(tmp_path, recv_bytes):
+    fwd, bwd = traced_graphs()
+    harness = Harness(tmp_path, 10_000, accumulation_recv_bytes=recv_bytes)
+    harness.run(fwd, 1, [(1, True)], bwd=False)
+    peaks = harness.run(bwd, 1, [(1, True)], bwd=True)
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile.get("accumulation_recv_bytes") == (recv_bytes or None)  # absent without accumulation
+    backward = [node.peak_bytes for node in parse_profile(profile).nodes if node.bwd]
+    assert max(backward) == max(peaks.values()) + recv_bytes

@@ -10,19 +10,20 @@ import torch.fx
 
 from harness.errors import ConfigError
 from harness.offload import check_config, counters, ops
+from harness.offload.accumulation import EngineMicroBatches, WholeSteps
 from harness.offload.mover import StateMover
 from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
 from harness.offload.states import SubGroupGate, discover_tasks
-from offload_fakes import FakeDevice, FakeZero3Optimizer, init_deepspeed_on_cpu
+from offload_fakes import FakeAccumulatingEngine, FakeDevice, FakeZero3Optimizer, init_deepspeed_on_cpu
 
 ops.register_ops()
 
 
 def make_runtime(optimizer, mode="async", empty_cache="never", streams="split", profiling=lambda: False,
-                 hold=False):
+                 hold=False, micro_batches=WholeSteps(), copy_delay_us=0):
     device = FakeDevice()
-    runtime = OffloadRuntime(StateMover(device, split_streams=streams == "split", hold=hold), mode,
-                             EmptyCachePolicy(empty_cache, device.empty_cache), profiling)
+    mover = StateMover(device, split_streams=streams == "split", hold=hold, copy_delay_us=copy_delay_us)
+    runtime = OffloadRuntime(mover, mode, EmptyCachePolicy(empty_cache, device.empty_cache), profiling, micro_batches)
     runtime.adopt(discover_tasks(optimizer))
     return runtime, device
 
@@ -233,10 +234,10 @@ def test_release_op_frees_the_states_the_plan_assigned_to_its_site(bound):
     assert not any(slot.on_host for slot in runtime.slots.values()) and runtime.fallback_reloads == 0
 
 
-def gated_runtime(bound):
+def gated_runtime(bound, **knobs):
     """A bound runtime whose optimizer's sub-groups each wait for their own states (as install() sets it up)."""
     optimizer = FakeZero3Optimizer()
-    runtime, device = make_runtime(optimizer)
+    runtime, device = make_runtime(optimizer, **knobs)
     bound(runtime)
     SubGroupGate(optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()
     runtime.gated = True
@@ -393,6 +394,118 @@ def test_empty_cache_calls_per_step(bound, policy, expected):
     assert per_step == expected
 
 
+# ---------------------------------------------------------------- gradient accumulation
+
+SUB_GROUP_1 = ("1:fp32", "1:exp_avg", "1:exp_avg_sq")
+
+
+def accumulating(bound, accumulation, **knobs):
+    """A gated, bound runtime that reads the micro-batch's place from an engine's accumulation bookkeeping, with
+    every copy announced in the device log (a 1 us spin on its stream first)."""
+    engine = FakeAccumulatingEngine(accumulation)
+    optimizer, runtime, device = gated_runtime(bound, micro_batches=EngineMicroBatches(engine), copy_delay_us=1,
+                                               **knobs)
+    return optimizer, runtime, device, engine
+
+
+def run_micro_batches(optimizer, runtime, device, engine, count: int, release_sites=()) -> list[dict]:
+    """`count` micro-batches as the compiled graphs and the worker run them: empty-cache and launch ops at the
+    forward's head, release ops in it, every planned reload and the end-of-backward op in backward, then
+    engine.step(), which steps the optimizer on the boundary. Per micro-batch: copies each way, host waits, compute
+    waits, and the states on the host during its forward."""
+    seen = []
+    for _ in range(count):
+        device.log.clear()
+        call(ops.EMPTY_CACHE)
+        call(ops.LAUNCH, tuple(runtime.slots))
+        for site in release_sites:
+            ops.op(ops.RELEASE)(torch.zeros(1), ops.REGISTRY.add(ops.RELEASE, site=site))
+        on_host = sorted(task_id for task_id, slot in runtime.slots.items() if slot.on_host)
+        for task_id in sorted(runtime.planned):
+            call(ops.RELOAD, (task_id,))
+        call(ops.END_BACKWARD)
+        if engine.is_gradient_accumulation_boundary():
+            optimizer.step()
+        engine.step()
+        log = device.log
+        seen.append({"out": log.count(("sleep_us", runtime.mover.d2h.name, 1)),
+                     "in": log.count(("sleep_us", runtime.mover.h2d.name, 1)),
+                     "host_waits": log.count(("synchronize", runtime.mover.d2h.name)),
+                     "compute_waits": sum(entry[:2] == ("wait_event", "compute") for entry in log),
+                     "on_host_in_forward": on_host})
+    return seen
+
+
+def per_step(seen: list[dict], key: str) -> list:
+    return [micro_batch[key] for micro_batch in seen]
+
+
+def counted_over(run) -> dict:
+    """The op counters' change over what `run()` does."""
+    start = counters()
+    run()
+    return {key: value - start[key] for key, value in counters().items()}
+
+
+def test_with_accumulation_the_states_go_out_in_the_first_micro_batch_and_back_in_the_last(bound):
+    optimizer, runtime, device, engine = accumulating(bound, accumulation=4)
+    plan_all(runtime, list(SUB_GROUP_1))
+    before = optimizer.snapshot()
+    for _ in range(2):  # two optimizer steps
+        seen = []
+        counted = counted_over(lambda: seen.extend(run_micro_batches(optimizer, runtime, device, engine, 4)))
+        assert per_step(seen, "out") == [3, 0, 0, 0] and per_step(seen, "in") == [0, 0, 0, 3]
+        assert per_step(seen, "on_host_in_forward") == [sorted(SUB_GROUP_1)] * 4
+        assert {key: counted[key] for key in ("offload_cycles", "offload_launches", "reloads", "offload_bytes",
+                                              "reload_bytes")} == {"offload_cycles": 1, "offload_launches": 3,
+                                                                   "reloads": 3, "offload_bytes": 48,
+                                                                   "reload_bytes": 48}
+    assert optimizer.prepared == [0, 1, 0, 1]  # one optimizer step per four micro-batches, states in place
+    assert runtime.fallback_reloads == 0
+    assert all(torch.equal(a + 1 + 1, b) for a, b in zip(before, optimizer.snapshot()) if a.numel() > 1)
+
+
+def test_with_accumulation_blocking_mode_waits_on_the_host_once_each_way_per_optimizer_step(bound):
+    optimizer, runtime, device, engine = accumulating(bound, accumulation=4, mode="blocking")
+    plan_all(runtime, [])  # blocking moves every state whatever the plan
+    seen = []
+    counted = counted_over(lambda: seen.extend(run_micro_batches(optimizer, runtime, device, engine, 4)))
+    assert per_step(seen, "host_waits") == [1, 0, 0, 1]
+    assert per_step(seen, "out") == [6, 0, 0, 0] and per_step(seen, "in") == [0, 0, 0, 6]
+    assert counted["offload_cycles"] == 1 and counted["offload_launches"] == counted["reloads"] == 6
+
+
+def test_with_accumulation_ordered_release_frees_in_the_first_micro_batch_only(bound):
+    optimizer, runtime, device, engine = accumulating(bound, accumulation=4, hold=True)
+    runtime.begin_phase()
+    runtime.finalize_plan(list(SUB_GROUP_1), {"0:mm0": ("1:fp32", "1:exp_avg")})  # 1:exp_avg_sq stays held
+    seen = run_micro_batches(optimizer, runtime, device, engine, 4, release_sites=["0:mm0"])
+    # micro-batch 0: the two releases wait for their copies; 3: the held state's pointing back and the optimizer
+    # step's waits for the two reloads; nothing between
+    assert per_step(seen, "compute_waits") == [2, 0, 0, 3]
+    assert per_step(seen, "in") == [0, 0, 0, 2]  # the held state comes back without a copy
+    assert all(slot.held is None and not slot.on_host for slot in runtime.slots.values())
+
+
+def test_with_accumulation_empty_cache_per_step_empties_once_per_optimizer_step(bound):
+    optimizer, runtime, device, engine = accumulating(bound, accumulation=4, empty_cache="per_step")
+    plan_all(runtime, list(SUB_GROUP_1))
+    run_micro_batches(optimizer, runtime, device, engine, 8)
+    assert device.empty_cache_calls == 2
+
+
+def test_engine_micro_batches_follow_the_engines_accumulation_bookkeeping():
+    engine = FakeAccumulatingEngine(3)
+    micro_batches = EngineMicroBatches(engine)
+    places = []
+    for _ in range(6):
+        places.append((micro_batches.first(), micro_batches.last()))
+        engine.step()
+    assert places == [(True, False), (False, False), (False, True)] * 2
+    single = EngineMicroBatches(FakeAccumulatingEngine(1))
+    assert single.first() and single.last()
+
+
 # ---------------------------------------------------------------- config
 
 
@@ -413,7 +526,7 @@ def with_change(base: dict, path: str, value):
 
 
 def test_check_config_accepts_the_default():
-    check_config(DS_OK, OFFLOAD_OK, grad_accum=1)
+    check_config(DS_OK, OFFLOAD_OK)
 
 
 @pytest.mark.parametrize("path, value, key", [
@@ -424,22 +537,20 @@ def test_check_config_accepts_the_default():
     ("compile.offload_opt_states", True, "compile.offload_opt_states"),
     ("compile.offload_parameters", True, "compile.offload_parameters"),
     ("compile.offload_activation", True, "compile.offload_activation"),
-    ("gradient_accumulation_steps", 4, "gradient_accumulation_steps"),
 ])
 def test_check_config_refuses_combinations_that_cannot_work(path, value, key):
     with pytest.raises(ConfigError) as error:
-        check_config(with_change(DS_OK, path, value), OFFLOAD_OK, grad_accum=1)
+        check_config(with_change(DS_OK, path, value), OFFLOAD_OK)
     assert error.value.key == key
 
 
 def test_check_config_accepts_an_inert_offload_section():
-    check_config(with_change(DS_OK, "zero_optimization.offload_optimizer", {"device": "none"}), OFFLOAD_OK, 1)
+    check_config(with_change(DS_OK, "zero_optimization.offload_optimizer", {"device": "none"}), OFFLOAD_OK)
 
 
-def test_check_config_refuses_gradient_accumulation():
-    with pytest.raises(ConfigError) as error:
-        check_config(DS_OK, OFFLOAD_OK, grad_accum=2)
-    assert error.value.key == "train.grad_accum"
+@pytest.mark.parametrize("knobs", [{}, {"mode": "blocking"}, {"release": "ordered", "peak_cap_gb": 12}])
+def test_check_config_accepts_gradient_accumulation_with_every_mode_and_release(knobs):
+    check_config(with_change(DS_OK, "gradient_accumulation_steps", 4), {**OFFLOAD_OK, **knobs})
 
 
 @pytest.mark.parametrize("key, value", [("mode", "sync"), ("empty_cache", "always"), ("streams", "dual"),
@@ -447,13 +558,13 @@ def test_check_config_refuses_gradient_accumulation():
                                         ("release", "eager"), ("peak_cap_gb", -2), ("peak_cap_gb", "12")])
 def test_check_config_refuses_bad_knobs(key, value):
     with pytest.raises(ConfigError) as error:
-        check_config(DS_OK, {**OFFLOAD_OK, key: value}, grad_accum=1)
+        check_config(DS_OK, {**OFFLOAD_OK, key: value})
     assert error.value.key == f"offload.{key}"
 
 
 def test_check_config_refuses_ordered_release_in_blocking_mode():
     with pytest.raises(ConfigError) as error:
-        check_config(DS_OK, {**OFFLOAD_OK, "mode": "blocking", "release": "ordered"}, grad_accum=1)
+        check_config(DS_OK, {**OFFLOAD_OK, "mode": "blocking", "release": "ordered"})
     assert error.value.key == "offload.release"
 
 
@@ -461,7 +572,7 @@ def test_check_config_names_a_missing_knob():
     knobs = dict(OFFLOAD_OK)
     del knobs["streams"]
     with pytest.raises(ConfigError) as error:
-        check_config(DS_OK, knobs, grad_accum=1)
+        check_config(DS_OK, knobs)
     assert error.value.key == "offload.streams"
 
 
@@ -470,15 +581,18 @@ def test_check_config_names_a_missing_knob():
 
 def _zero3_losses(steps: int, offload_from_step: int | None,
                   release_sites: dict[str, tuple[str, ...]] | None = None,
-                  evict_from_start: bool = False) -> tuple[list[float], dict]:
+                  evict_from_start: bool = False, accumulation: int = 1) -> tuple[list[float], dict]:
     """Train a small model with DeepSpeed ZeRO-3 (CPU, world size 1). With offload_from_step, drive the runtime
-    as the compiled graphs would from that step on: evict, then per step launch -> forward -> backward -> reloads
-    -> end of backward -> step (gated per sub-group). With release_sites, the mover holds the offloaded blocks
+    as the compiled graphs would from that step on: evict, then per micro-batch launch -> forward -> backward ->
+    reloads -> end of backward -> engine.step() (gated per sub-group where the optimizer steps). The runtime reads
+    each micro-batch's place in the accumulation from the engine, as install() sets it up; `accumulation`
+    micro-batches make one optimizer step. With release_sites, the mover holds the offloaded blocks
     (release=ordered) and each site's release op runs right after the launch. With evict_from_start, every state
-    leaves the device before step 0 (offload.evict_from=start) and the steps before the plan cycle them."""
+    leaves the device before step 0 (offload.evict_from=start) and the steps before the plan cycle them.
+    Returns every micro-batch's loss and what the runtime did."""
     import deepspeed
 
-    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": accumulation,
            "zero_optimization": {"stage": 3, "sub_group_size": 300},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, "steps_per_print": 10**9}
     torch.manual_seed(0)
@@ -486,7 +600,7 @@ def _zero3_losses(steps: int, offload_from_step: int | None,
     engine, *_ = deepspeed.initialize(config=cfg, model=model, model_parameters=model.parameters())
     device = FakeDevice()
     runtime = OffloadRuntime(StateMover(device, hold=release_sites is not None), "async",
-                             EmptyCachePolicy("never", device.empty_cache))
+                             EmptyCachePolicy("never", device.empty_cache), micro_batches=EngineMicroBatches(engine))
     SubGroupGate(engine.optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()
     runtime.gated = True
     ops.bind_runtime(runtime)
@@ -497,33 +611,36 @@ def _zero3_losses(steps: int, offload_from_step: int | None,
         runtime.evict_from_start(lambda: discover_tasks(engine.optimizer))
     try:
         for step in range(steps):
-            x, y = torch.randn(2, 16, generator=generator), torch.randn(2, 4, generator=generator)
-            if step == offload_from_step:
-                runtime.adopt(discover_tasks(engine.optimizer))
-                runtime.evict_all()
-                runtime.begin_phase()
-                offloaded = [task_id for task_id in runtime.slots if not task_id.startswith("0:")]
-                seen["tasks"] = list(runtime.slots)
-                seen["runtime"] = runtime
-            if offload_from_step is not None and step >= offload_from_step:
-                call(ops.LAUNCH, tuple(runtime.slots))
-                for site in release_sites or {}:
-                    ops.op(ops.RELEASE)(torch.zeros(1), ops.REGISTRY.add(ops.RELEASE, site=site))
-                seen["on_host_in_forward"].append(sorted(t for t, s in runtime.slots.items() if s.on_host))
-            loss = torch.nn.functional.mse_loss(engine(x), y)
-            engine.backward(loss)
-            if offload_from_step is not None and step >= offload_from_step:
-                if step == offload_from_step:
-                    runtime.finalize_plan(offloaded, release_sites)
-                for task_id in offloaded:
-                    call(ops.RELOAD, (task_id,))
-                call(ops.END_BACKWARD)
-            engine.step()
-            losses.append(loss.item())
+            for micro_batch in range(accumulation):
+                x, y = torch.randn(2, 16, generator=generator), torch.randn(2, 4, generator=generator)
+                compiles = step == offload_from_step and micro_batch == 0  # DeepCompile plans in this backward
+                offloading = offload_from_step is not None and step >= offload_from_step
+                if compiles:
+                    runtime.adopt(discover_tasks(engine.optimizer))
+                    runtime.evict_all()
+                    runtime.begin_phase()
+                    offloaded = [task_id for task_id in runtime.slots if not task_id.startswith("0:")]
+                    seen["tasks"] = list(runtime.slots)
+                    seen["runtime"] = runtime
+                if offloading:
+                    call(ops.LAUNCH, tuple(runtime.slots))
+                    for site in release_sites or {}:
+                        ops.op(ops.RELEASE)(torch.zeros(1), ops.REGISTRY.add(ops.RELEASE, site=site))
+                    seen["on_host_in_forward"].append(sorted(t for t, s in runtime.slots.items() if s.on_host))
+                loss = torch.nn.functional.mse_loss(engine(x), y)
+                engine.backward(loss)
+                if offloading:
+                    if compiles:
+                        runtime.finalize_plan(offloaded, release_sites)
+                    for task_id in offloaded:
+                        call(ops.RELOAD, (task_id,))
+                    call(ops.END_BACKWARD)
+                engine.step()
+                losses.append(loss.item())
             seen["on_host_after_step"].append(sum(slot.on_host for slot in runtime.slots.values()))
     finally:
         ops.bind_runtime(None)
-    seen["reloads"] = counters()["reloads"] - start["reloads"]
+    seen.update({key: counters()[key] - start[key] for key in ("reloads", "offload_cycles")})
     return losses, seen
 
 
@@ -566,6 +683,26 @@ def test_zero3_ordered_release_and_held_states_keep_the_losses(monkeypatch):
     assert all(slot.held is None for slot in seen["runtime"].slots.values())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
+@pytest.mark.parametrize("release_sites, copied_back", [(None, 3), ({"0:mid": ("1:fp32", "1:exp_avg")}, 2)])
+def test_zero3_with_accumulation_moves_the_states_once_per_optimizer_step(monkeypatch, release_sites, copied_back):
+    """Gradient accumulation 4 on real ZeRO-3, the micro-batch's place read from DeepSpeed's engine: the planned
+    states go out in the first micro-batch and come back in the last, once per optimizer step, and the losses are
+    those of the same accumulation without offload."""
+    init_deepspeed_on_cpu(monkeypatch)
+    baseline, _ = _zero3_losses(4, offload_from_step=None, accumulation=4)
+    offloaded, seen = _zero3_losses(4, offload_from_step=1, release_sites=release_sites, accumulation=4)
+    assert offloaded == baseline and len(offloaded) == 16
+    sub_group_1 = ["1:exp_avg", "1:exp_avg_sq", "1:fp32"]
+    # the compile step's eviction holds until its last micro-batch; then sub-group 1 is out in every micro-batch
+    assert seen["on_host_in_forward"] == [sorted(seen["tasks"])] * 4 + [sub_group_1] * 8
+    assert seen["on_host_after_step"] == [0, 0, 0, 0]
+    # sub-group 1 comes back by its reload ops at each step's last micro-batch (a held state without a copy);
+    # only the compile step's resident sub-group 0 comes back outside them
+    assert seen["reloads"] == 3 + 2 * copied_back and seen["offload_cycles"] == 2
+    assert seen["runtime"].fallback_reloads == 3
+
+
 # ---------------------------------------------------------------- install (wiring only; CUDA calls stubbed)
 
 
@@ -582,7 +719,8 @@ def test_install_registers_passes_binds_the_runtime_and_gates_the_optimizer(monk
     module = torch.nn.Linear(4, 4).to(torch.bfloat16)
     module.bias = torch.nn.Parameter(torch.zeros(4), requires_grad=False)  # fp32, frozen: no gradient to reduce
     engine = SimpleNamespace(optimizer=FakeZero3Optimizer(), global_steps=1, module=module,
-                             zero_reduce_bucket_size=lambda: 1000,
+                             zero_reduce_bucket_size=lambda: 1000, dp_world_size=2, micro_steps=4,
+                             gradient_accumulation_steps=lambda: 4, is_gradient_accumulation_boundary=lambda: False,
                              _config=SimpleNamespace(compile_config=SimpleNamespace(double_buffer=True)),
                              register_compile_pass=lambda name, fn, contract: registered.update({name: (fn, contract)}))
     with pytest.raises(ConfigError):
@@ -598,5 +736,9 @@ def test_install_registers_passes_binds_the_runtime_and_gates_the_optimizer(monk
         assert engine.optimizer.prepared == [0]
         assert seam.plan_facts() == {}  # no plan yet
         assert seam._installed.reduce_buckets == (1000 * 2 * 2, 1000 * 2)  # bf16 gradients, double-buffered
+        # gradient accumulation 4: a receive buffer of one bucket's share per rank; the ops ask the engine where
+        # the micro-batch sits (micro-step 4 of 4 per optimizer step: a first one, not the boundary)
+        assert seam._installed.accumulation_recv_bytes == 1000 * 2 // 2
+        assert runtime.micro_batches.first() and not runtime.micro_batches.last()
     finally:
         ops.bind_runtime(None)

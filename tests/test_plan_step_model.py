@@ -69,6 +69,30 @@ def test_a_measured_steady_step_moves_forward_nodes_and_counts_backward_at_the_m
     assert make_plan(profile, 10_000)["predicted_peak_bytes"] == 345 + 100
 
 
+def test_accumulations_receive_buffer_is_added_to_every_backward_node_only():
+    profile = {**measured_profile(measured_start=100), "reduce_bucket_bytes": 25, "accumulation_recv_bytes": 10}
+    assert [node.peak_bytes for node in parse_profile(profile).nodes] == [150, 300, 435, 415, 395]
+    # a measured step with accumulation holds the buffer already: backward counts at it, forward moves down by it
+    measured = {**profile, "measured_fwd_bwd_peak_bytes": 345}
+    assert [node.peak_bytes for node in parse_profile(measured).nodes] == [60, 210, 345, 345, 345]
+
+
+def test_with_accumulation_the_optimizer_step_holds_what_it_holds_without():
+    # the gradients accumulate in ZeRO-3's partitions, which the measured start holds at any accumulation
+    alone = measured_profile(measured_start=400, transient=40, freed=(0, 300, 300))
+    accumulating = {**alone, "accumulation_recv_bytes": 10}
+    assert make_plan(accumulating, 10_000)["predicted_peak_bytes"] == make_plan(alone, 10_000)["predicted_peak_bytes"] \
+        == 400 + 100 + 40
+
+
+def test_device_rule_makes_room_for_accumulations_receive_buffer():
+    alone = measured_profile(measured_start=100)
+    assert plan_for_device(alone, 460)["offloaded"] == ["0:exp_avg", "1:fp32"]  # backward 400 + the first state
+    plan = plan_for_device({**alone, "accumulation_recv_bytes": 30}, 460)  # backward 430: no room for a state
+    assert plan["offloaded"] == ["0:fp32", "0:exp_avg", "1:fp32"] and plan["feasible"]
+    assert plan["predicted_peak_bytes"] <= 460
+
+
 def test_optimizer_step_is_the_measured_start_plus_every_state_plus_its_transient():
     # budget above every node: nothing offloaded, so the step's end decides the peak
     plan = make_plan(measured_profile(measured_start=100, transient=40, freed=(0, 300, 300)), 10_000)

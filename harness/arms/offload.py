@@ -16,7 +16,7 @@ class Offload(OffloadPassArm):
         from harness import offload
 
         super().check(cfg)
-        offload.check_config(self.deepspeed_config(cfg, cuda=True), dict(cfg["offload"]), cfg["train"]["grad_accum"])
+        offload.check_config(self.deepspeed_config(cfg, cuda=True), dict(cfg["offload"]))
 
     def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
         from harness.offload import PLANNING_STEP

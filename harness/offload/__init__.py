@@ -1,6 +1,6 @@
 """Our optimizer-state offload pass for DeepSpeed's DeepCompile (ZeRO-3): the seam the worker calls.
 
-check_config(ds_config, offload_cfg, grad_accum)  refuse what cannot work, on any machine, before launch
+check_config(ds_config, offload_cfg)             refuse what cannot work, on any machine, before launch
 install(engine, offload_cfg, budget_bytes, run_dir) register ops and passes; returns the compile schedule
 counters()                                          cumulative op counters since process start
 observe_step(record)                                a finished step's record, for the step model
@@ -26,7 +26,7 @@ def _device_of(section) -> str:
     return str((section or {}).get("device", "none")).lower()
 
 
-def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
+def check_config(ds_config: dict, offload_cfg: dict) -> None:
     """Raise ConfigError(key, message) for a configuration the offload arm cannot run.
 
     Refused:
@@ -38,12 +38,9 @@ def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
     - parameter offload (`zero_optimization.offload_param.device` cpu/nvme, or `compile.offload_parameters`) and
       activation offload (`compile.offload_activation`): each plans against the whole memory budget on its own;
     - DeepSpeed's own `compile.offload_opt_states`: two passes would move the same states;
-    - `compile.deepcompile` off: our passes run only inside DeepCompile;
-    - gradient accumulation > 1 (train.grad_accum or gradient_accumulation_steps). Refused, not supported: the
-      compiled graphs run once per micro-batch, so every micro-batch would offload the states in its forward
-      and reload them in its backward although only the last one's optimizer step reads them. Correct, but the
-      traffic grows with the accumulation count and no plan would describe it; making it efficient needs the
-      ops to know the accumulation boundary, which this version does not do.
+    - `compile.deepcompile` off: our passes run only inside DeepCompile.
+    Gradient accumulation is accepted with every knob: the ops move the states once per optimizer step whatever
+    the accumulation count (accumulation.py), in `mode=blocking` and under `release=ordered` alike.
     """
     check_knobs(offload_cfg)
     zero = ds_config.get("zero_optimization") or {}
@@ -62,10 +59,6 @@ def check_config(ds_config: dict, offload_cfg: dict, grad_accum: int) -> None:
                      ("offload_activation", "activation offload cannot be combined with the offload arm")):
         if compile_cfg.get(key):
             raise ConfigError(f"compile.{key}", why)
-    for key, value in (("train.grad_accum", grad_accum),
-                       ("gradient_accumulation_steps", ds_config.get("gradient_accumulation_steps", 1))):
-        if value != 1:
-            raise ConfigError(key, f"the offload arm supports gradient accumulation 1 only, got {value}")
 
 
 def check_knobs(offload_cfg: dict) -> None:
@@ -89,7 +82,7 @@ def uses_device_rule(offload_cfg: dict) -> bool:
 
 
 def counters() -> dict:
-    """Cumulative op counters (offload_launches, reloads, offload_bytes, reload_bytes, empty_cache_calls), cumulative
+    """Cumulative op counters (ops.Counters: launches, reloads, their bytes, empty_cache calls, cycles), cumulative
     device seconds (stalls.TIMES: compute waiting on our copies, copy streams busy; call after a device sync), and the
     last step's allocator reading at our launch op (fwd_start_allocated_bytes)."""
     from harness.offload import ops  # torch stays out of the driver's config check
@@ -126,6 +119,17 @@ def reduce_buckets(engine) -> tuple[int, int]:
     return sum(sizes) * copies, max(sizes, default=0)
 
 
+def accumulation_recv_bytes(engine) -> int:
+    """What gradient accumulation adds to backward: from the second micro-batch of an optimizer step on, DeepCompile
+    reduce-scatters each bucket into a temporary receive buffer (its share per rank of one bucket, in the gradient
+    dtype) and adds it to the gradient partitions. Those partitions persist across micro-batches at any accumulation
+    (ZeRO-3 allocates them once; the forward start's reading holds them), so nothing else grows. 0 without it."""
+    if engine.gradient_accumulation_steps() == 1:
+        return 0
+    largest_bucket = reduce_buckets(engine)[1]
+    return -(-largest_bucket // engine.dp_world_size)
+
+
 def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_delay_us: int = 0) -> list:
     """Register our ops and passes on a ZeRO-3 DeepSpeed engine; return the schedule for engine.compile().
     `copy_delay_us` (debug.copy_delay_us): a device-side spin before each copy, for race stress."""
@@ -134,6 +138,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
     from deepspeed.compile.util import get_deepcompile_handle
 
     from harness.offload import ops, schedule
+    from harness.offload.accumulation import EngineMicroBatches
     from harness.offload.graph_pass import OffloadPass, PlanFiles
     from harness.offload.mover import CudaDevice, StateMover
     from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
@@ -151,7 +156,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
                    copy_delay_us=copy_delay_us),
         mode=offload_cfg["mode"],
         cache_policy=EmptyCachePolicy(offload_cfg["empty_cache"], device.empty_cache),
-        is_profiling=lambda: get_deepcompile_handle().is_profiling())
+        is_profiling=lambda: get_deepcompile_handle().is_profiling(), micro_batches=EngineMicroBatches(engine))
     ops.register_ops()
     ops.bind_runtime(runtime)
     SubGroupGate(optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()
@@ -167,7 +172,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
         device_total_bytes=int(get_accelerator().total_memory()),  # the emulated size, if one is set
         current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps),
         release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg),
-        reduce_buckets=reduce_buckets(engine), budget_rule=offload_cfg["budget_rule"])
+        reduce_buckets=reduce_buckets(engine), budget_rule=offload_cfg["budget_rule"],
+        accumulation_recv_bytes=accumulation_recv_bytes(engine))
     schedule.register_passes(engine, offload_pass)
     global _installed
     _installed = offload_pass

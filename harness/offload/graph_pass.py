@@ -81,7 +81,7 @@ class OffloadPass:
                  files: PlanFiles, device_total_bytes: int, current_phase: Callable[[], int],
                  writes_files: Callable[[], bool] = _is_rank0, release_policy: str = "recorded",
                  cap_bytes: int | None = None, reduce_buckets: tuple[int, int] = (0, 0),
-                 budget_rule: str = "deepspeed"):
+                 budget_rule: str = "deepspeed", accumulation_recv_bytes: int = 0):
         self.runtime = runtime
         self.zero_optimizer = zero_optimizer
         self.budget_bytes = budget_bytes
@@ -100,6 +100,7 @@ class OffloadPass:
         self.last_plan: dict | None = None   # the last final plan (made at the last backward graph)
         self._overhead_bytes: int | None = None  # reserved less allocated after the planning step's eviction
         self.reduce_buckets = reduce_buckets  # (all, the largest one), bytes
+        self.accumulation_recv_bytes = accumulation_recv_bytes  # backward's extra with gradient accumulation
         self._steady_step: dict | None = None  # the last steady step's record before the first plan
 
     def evict(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
@@ -196,6 +197,8 @@ class OffloadPass:
                  "step_transient_bytes": max((flat.numel() * flat.element_size() for flat in masters), default=0),
                  "reduce_bucket_bytes": self.reduce_buckets[0],
                  "allocator_overhead_bytes": self._device_rule_overhead()}
+        if self.accumulation_recv_bytes:  # profile.json without accumulation stays as it was
+            facts["accumulation_recv_bytes"] = self.accumulation_recv_bytes
         return {**facts, **self._measured_step(facts["measured_start_bytes"])}
 
     def _device_rule_overhead(self) -> int | None:

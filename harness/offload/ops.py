@@ -33,6 +33,7 @@ class Counters:
     offload_bytes: int = 0
     reload_bytes: int = 0
     empty_cache_calls: int = 0
+    offload_cycles: int = 0     # launch ops that sent states out: one per optimizer step, whatever the accumulation
 
 
 COUNTERS = Counters()

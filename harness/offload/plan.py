@@ -52,6 +52,12 @@ Definitions (all in bytes):
   (profile.calibrate: less what the profiler counts outside the allocator, less backward inputs already freed,
   plus the reduce buckets in backward, then moved together so the highest is the steady step's measured peak;
   with that measurement every backward node counts at the measured peak, whose place in backward is unknown).
+- Gradient accumulation: the graphs run once per micro-batch, the states move once per optimizer step (out in the
+  first micro-batch's forward, back in the last one's backward; runtime.py). The walk above is then the first
+  micro-batch's forward and the last one's backward, the step's highest: the micro-batches between hold every
+  offloaded state on the host and reload nothing. Backward carries the receive buffer DeepCompile adds for
+  accumulated gradients (profile.calibrate); the gradients accumulate in ZeRO-3's partitions, which persist at any
+  accumulation and are part of the step end's baseline.
 - Device rule (plan_for_device): the longest resident prefix whose predicted_peak, placed and walked on the
   calibrated peaks under the cap = the limit, fits the limit; where none fits, the longest one that reaches the
   lowest predicted_peak of any prefix (reported infeasible). The limit is the device less the allocator overhead

@@ -13,6 +13,9 @@ No torch. Written by the DeepCompile pass (graph_pass.py) from DeepSpeed's profi
   optimizer's temporaries, whichever is largest), else one sub-group's fp32 gradient);
 - `reduce_bucket_bytes` (DeepCompile's gradient reduce buckets: allocated in full at backward's first gradient
   and held to its end, never while profiling);
+- `accumulation_recv_bytes` (gradient accumulation only: from an optimizer step's second micro-batch on, each bucket
+  is reduced into a temporary receive buffer, one bucket's share per rank, and added to the gradient partitions;
+  the partitions themselves persist at any accumulation and are in `measured_start_bytes`);
 - `measured_fwd_bwd_peak_bytes` (the allocated peak of forward + backward on the last steady step before
   planning, less the states on the device then: the profiled graphs as they really run, compiled);
 - `allocator_overhead_bytes` (reserved less allocated after emptying the cache at the planning step: what the
@@ -52,6 +55,7 @@ class Profile:
     step_transient_bytes: int = 0
     reduce_bucket_bytes: int = 0
     measured_fwd_bwd_peak_bytes: int | None = None
+    accumulation_recv_bytes: int = 0
 
     @property
     def bwd_positions(self) -> list[int]:
@@ -178,7 +182,7 @@ def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
     # Reloads can only go after backward nodes, and the step's end is measured from the last one.
     expect(any(node.bwd for node in nodes), "profile.graphs", "no backward graph with nodes")
     for key in ("device_total_bytes", "measured_start_bytes", "step_transient_bytes", "allocator_overhead_bytes",
-                "reduce_bucket_bytes", "measured_fwd_bwd_peak_bytes"):
+                "reduce_bucket_bytes", "measured_fwd_bwd_peak_bytes", "accumulation_recv_bytes"):
         if profile.get(key) is not None:
             byte_count(profile[key], f"profile.{key}")
     measured = profile.get("measured_start_bytes")
@@ -188,7 +192,7 @@ def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
         outside = max(0, first_graph["start_alloc_bytes"] - measured)
     parsed = Profile(nodes, _parse_tasks(profile.get("tasks")), outside, measured,
                      profile.get("step_transient_bytes") or 0, profile.get("reduce_bucket_bytes") or 0,
-                     profile.get("measured_fwd_bwd_peak_bytes"))
+                     profile.get("measured_fwd_bwd_peak_bytes"), profile.get("accumulation_recv_bytes") or 0)
     return calibrate(parsed) if calibrated else parsed
 
 
@@ -198,7 +202,8 @@ def calibrate(profile: Profile) -> Profile:
     - they add what it counts outside the allocator (the same amount at every node): subtracted;
     - a backward node's reading holds every saved activation, where the compiled graph has freed each after its
       last use: backward nodes less their inputs already freed;
-    - they miss the reduce buckets, which exist through backward: added to backward nodes;
+    - they miss the reduce buckets, which exist through backward, and with gradient accumulation the receive
+      buffer of every micro-batch after an optimizer step's first: added to backward nodes;
     - eager runs materialise what inductor fuses (the loss over the vocabulary most of all), so long sequences
       read high: where a steady step was measured before planning, every node moves by the same amount, so that
       the highest one is the measured peak.
@@ -206,8 +211,9 @@ def calibrate(profile: Profile) -> Profile:
     order, so its peak can come after the profile's highest node (on GPU, reloads placed right after that node
     came back before the real peak and added their bytes to it). Every backward node then counts at the measured
     peak: a reload during backward is placed, and predicted, as if it lands before the peak."""
+    backward_extra = profile.reduce_bucket_bytes + profile.accumulation_recv_bytes
     nodes = tuple(replace(node, peak_bytes=max(0, node.peak_bytes - profile.outside_bytes - node.inputs_freed_bytes
-                                                + (profile.reduce_bucket_bytes if node.bwd else 0)))
+                                                + (backward_extra if node.bwd else 0)))
                   for node in profile.nodes)
     measured = profile.measured_fwd_bwd_peak_bytes
     if measured is not None:

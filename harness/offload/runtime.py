@@ -10,6 +10,11 @@
   at the head of the first forward graph.
 - release ops (release=ordered): each sits at a site in a forward graph; the plan, made once backward is
   compiled, says which states each site releases (the mover then holds the blocks until their site).
+- gradient accumulation (accumulation.py): the compiled graphs run once per micro-batch. The launch and
+  empty-cache ops act only in the first micro-batch after an optimizer step, the reload and end-of-backward ops
+  only in the last one, whose optimizer step reads the states; between them the states stay on the host and
+  nothing is copied. Release ops free only blocks still held: after the first micro-batch, none but those the
+  plan holds all step, which no site releases.
 While DeepCompile profiles a graph the ops do nothing: profiling runs graphs node by node, sometimes many times.
 """
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 from typing import Callable, Iterable
 
 from harness.offload import ops
+from harness.offload.accumulation import MicroBatches, WholeSteps
 from harness.offload.mover import StateMover, StateSlot
 from harness.offload.states import StateTask
 from harness.schema import OffloadConfig, choices
@@ -49,13 +55,14 @@ class EmptyCachePolicy:
 
 class OffloadRuntime:
     def __init__(self, mover: StateMover, mode: str, cache_policy: EmptyCachePolicy,
-                 is_profiling: Callable[[], bool] = lambda: False):
+                 is_profiling: Callable[[], bool] = lambda: False, micro_batches: MicroBatches = WholeSteps()):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mover = mover
         self.blocking = mode == "blocking"
         self.cache_policy = cache_policy
         self.is_profiling = is_profiling
+        self.micro_batches = micro_batches
         self.slots: dict[str, StateSlot] = {}      # task id -> slot, in step order
         self.planned: frozenset[str] = frozenset()  # task ids the launch op offloads (async mode)
         self.release_sites: dict[str, tuple[str, ...]] = {}  # release op site -> task ids it releases
@@ -120,7 +127,7 @@ class OffloadRuntime:
     # ------------------------------------------------------------------ the ops
 
     def run_op(self, entry: ops.OpEntry) -> None:
-        if self.is_profiling():
+        if self.is_profiling() or not self._acts_in_this_micro_batch(entry.kind):
             return
         if entry.kind == ops.LAUNCH:
             self.forward_start_bytes = self.mover.device.allocated_bytes()
@@ -137,9 +144,19 @@ class OffloadRuntime:
             for task_id in self.release_sites.get(entry.site, ()):
                 self.mover.release(self.slots[task_id])
 
+    def _acts_in_this_micro_batch(self, kind: str) -> bool:
+        """With gradient accumulation: the states go out in the first micro-batch after an optimizer step and come
+        back in the last one (see the module docstring)."""
+        if kind in (ops.LAUNCH, ops.EMPTY_CACHE):
+            return self.micro_batches.first()
+        if kind in (ops.RELOAD, ops.END_BACKWARD):
+            return self.micro_batches.last()
+        return True
+
     def _launch(self, task_ids: tuple[str, ...]) -> None:
         wanted = task_ids if self.blocking else [task_id for task_id in task_ids if task_id in self.planned]
         started = self.mover.offload(self.slots[task_id] for task_id in wanted if task_id in self.slots)
+        ops.COUNTERS.offload_cycles += bool(started)
         ops.COUNTERS.offload_launches += len(started)
         ops.COUNTERS.offload_bytes += sum(slot.task.nbytes for slot in started)
         if self.blocking:
