@@ -135,6 +135,8 @@ def check_command_line(args: list[str]) -> None:
     parsed = get_args_parser().parse_args(args)
     if any(getattr(parsed, flag, None) for flag in _SHOWING_FLAGS) or parsed.config_path or parsed.config_name:
         return  # Hydra shows, or the user chose another config: Hydra answers for itself
+    if parsed.config_dir and not Path(parsed.config_dir).is_dir():
+        raise ConfigError("--config-dir", f"{parsed.config_dir}: not a directory")
     overrides = list(parsed.overrides)
     _check_syntax(overrides)
     with _hydra([parsed.config_dir] if parsed.config_dir else []) as hydra:

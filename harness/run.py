@@ -154,35 +154,35 @@ def drive(cfg: DictConfig) -> str:
     return status
 
 
-def resolved_config(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> dict:
-    """The point's config with every interpolation resolved, as written to config.yaml; ConfigError naming a key
-    that cannot be resolved (config.yaml then keeps it as written)."""
-    try:
-        config = compose.resolve(cfg)
-    except ConfigError:
-        if place.primary:
-            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(cfg))
-        raise
-    if place.primary:
-        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
+def checked_config(cfg: DictConfig, place: nodes.NodePlace) -> dict:
+    """The point's config resolved and checked as the driver launches it; ConfigError naming the key at fault."""
+    config = compose.resolve(cfg)
+    arms.admit(config.get("arm"))  # the arm this command line names; readers of the run dir never import it
+    validate(config, _gpu_count())
+    emulated_device.check(config["env"], _device_total_bytes())
+    nodes.check_allocation(config["launcher"], place)
     return config
+
+
+def resolved_or_written(cfg: DictConfig) -> dict:
+    """The config resolved where it resolves, else as written (to record a point whose resolving failed)."""
+    try:
+        return compose.resolve(cfg)
+    except ConfigError:
+        return OmegaConf.to_container(cfg)
 
 
 def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     """Validate, run and record one point (node 0 records it); returns its status."""
+    known = resolved_or_written(cfg)
     if place.primary:
         start_attempt(run_dir, cfg)
-    config = None
+        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(known))
     try:
-        config = resolved_config(cfg, run_dir, place)
-        arms.admit(config.get("arm"))  # the arm this command line names; readers of the run dir never import it
-        validate(config, _gpu_count())
-        emulated_device.check(config["env"], _device_total_bytes())
-        nodes.check_allocation(config["launcher"], place)
+        config = checked_config(cfg, place)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         if place.primary:
-            known = config if config is not None else OmegaConf.to_container(cfg)  # as written if resolving failed
             write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
         return "config_error"
 
@@ -264,6 +264,13 @@ def hydra_app(cfg: DictConfig) -> str:
     return drive(cfg)
 
 
+def check_command_line(args: list[str]) -> None:
+    """What the driver refuses before Hydra starts, as one ConfigError: an unknown group option, then what Hydra
+    itself would refuse (harness.compose.check_command_line). Nothing is run or written."""
+    check_group_choices(args, REPO_ROOT)
+    compose.check_command_line(args)
+
+
 def main() -> None:
     """Console entry: refuse bad command lines in one line (unknown group options, what Hydra itself would refuse),
     then hand the command line to Hydra (or, with estimate_only=true, print the sweep's memory estimate without
@@ -271,13 +278,13 @@ def main() -> None:
     was recorded (harness/exits.py)."""
     args = sys.argv[1:]
     try:
-        check_group_choices(args, REPO_ROOT)
         if estimate.requested(args):
+            check_group_choices(args, REPO_ROOT)
             multirun = "-m" in args or "--multirun" in args
             overrides = [a for a in args if a not in (estimate.ESTIMATE_ONLY, "-m", "--multirun")]
             estimate.print_estimate(overrides, multirun)
             return
-        compose.check_command_line(args)
+        check_command_line(args)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
