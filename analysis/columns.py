@@ -100,8 +100,9 @@ def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
     """Status, run facts, the oom block and every phase's stats flattened: oom_phase, phase0_step_time_s_median,
     final_n, ..."""
     row = {key: summary.get(key) for key in SUMMARY_SCALARS}
-    row["steady_reasons"] = cell_value(summary.get("steady_reasons") or [])
-    row["machine_flags"] = cell_value((summary.get("machine") or {}).get("flags") or [])
+    machine = summary.get("machine")
+    row["steady_reasons"] = cell_value(_texts(summary.get("steady_reasons")))
+    row["machine_flags"] = cell_value(_texts(machine.get("flags") if isinstance(machine, Mapping) else None))
     oom = summary.get("oom")  # null, or missing in summaries older than the capacity campaign
     row.update({f"oom_{field}": oom.get(field) if isinstance(oom, Mapping) else None for field in OOM_FIELDS})
     phases = summary.get("phases") or []
@@ -111,6 +112,11 @@ def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
     if summary.get("final"):
         row.update(_flatten_stats(summary["final"], "final"))
     return row
+
+
+def _texts(value: Any) -> list[str]:
+    """A list of reasons or flags as summary.json holds it; anything else (older or foreign files) as none."""
+    return [text for text in value if isinstance(text, str)] if isinstance(value, list) else []
 
 
 def _flatten_stats(stats: Mapping[str, Any], prefix: str) -> dict[str, Any]:

@@ -13,17 +13,17 @@ medians over repeats with its 95% two-level bootstrap interval (`0.701× [0.673,
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
-from harness import arms, runfiles, schema
+from harness import reader, schema
 from harness.arms import BenchRole
+from harness.checks import is_finite_number, lookup
 from harness.envinfo import REPO_ROOT
-from harness.errors import ConfigError
-from harness.runfiles import read_jsonl
-from harness.sinks import iter_run_dirs
+from harness.reader import Problem
 from harness.units import GB
 
 KNOBS = schema.pass_knobs()  # our pass's, in the schema's order
@@ -32,27 +32,39 @@ KNOBS = schema.pass_knobs()  # our pass's, in the schema's order
 LIMITS = ("device_memory_gb", "reserved_cap_gb")  # an emulated device size, an allocator ceiling inside it
 
 
-def load_points(sweep_dirs: list[Path]) -> list[dict]:
+def load_points(sweep_dirs: list[Path], problems: list[Problem] | None = None) -> list[dict]:
+    """Every readable point of the sweep dirs, through the one reader of run dirs (nothing a file names is
+    imported); each unreadable file becomes one Problem in `problems`."""
     points = []
     for sweep_dir in sweep_dirs:
-        for run_dir in iter_run_dirs(sweep_dir):
-            config = runfiles.read_config(run_dir)
-            summary = json.loads((run_dir / runfiles.SUMMARY).read_text())
-            points.append({"arm": config["arm"]["name"], "role": bench_role(config["arm"]),
-                           "budget_gb": config["offload"]["budget_gb"], "offload": config["offload"],
-                           "summary": summary,
-                           "reserved_cap_gb": (config.get("env") or {}).get("reserved_cap_gb"),
-                           "device_memory_gb": (config.get("env") or {}).get("device_memory_gb"),
-                           "rows": read_jsonl(run_dir / runfiles.STEPS), "run_dir": run_dir})
+        files = reader.read_sweep(sweep_dir)
+        if problems is not None:
+            problems.extend(files.problems)
+        for point in files.points:
+            config = point.config
+            points.append({"arm": config["arm"]["name"], "role": bench_role(config),
+                           "budget_gb": _number_or_none(lookup(config, "offload.budget_gb", None)),
+                           "offload": _section(lookup(config, "offload", None)), "summary": point.summary,
+                           "reserved_cap_gb": lookup(config, "env.reserved_cap_gb", None),
+                           "device_memory_gb": lookup(config, "env.device_memory_gb", None),
+                           "rows": point.steps, "run_dir": Path(sweep_dir) / point.run_dir})
     return points
 
 
-def bench_role(arm_cfg: dict) -> str | None:
-    """What the point's arm is in this benchmark (a BenchRole); None for an arm it does not compare."""
-    try:
-        return arms.class_of(arm_cfg).bench_role
-    except ConfigError:  # an arm this checkout does not have
-        return None
+def _number_or_none(value):
+    """A budget in GB, or None (auto) for a value that is none: groups are ordered by it."""
+    return value if is_finite_number(value) else None
+
+
+def _section(value) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
+def bench_role(config: dict) -> str | None:
+    """What the point's arm is in this benchmark (a BenchRole); None for an arm it does not compare, or one this
+    checkout does not know."""
+    arm_class = reader.arm_class(config)
+    return arm_class.bench_role if arm_class is not None else None
 
 
 def is_reference(point: dict) -> bool:
@@ -60,13 +72,19 @@ def is_reference(point: dict) -> bool:
     return point["role"] == BenchRole.REFERENCE
 
 
+def final_stat(point: dict, name: str, stat: str) -> float | None:
+    """A statistic of the final phase in the point's summary (`step_time_s`, `median`); None where it lacks it."""
+    stats = (point["summary"].get("final") or {}).get(name)
+    return stats.get(stat) if isinstance(stats, Mapping) else None
+
+
 def final_median(point: dict) -> float | None:
-    final = point["summary"].get("final") or {}
-    return (final.get("step_time_s") or {}).get("median")
+    return final_stat(point, "step_time_s", "median")
 
 
 def max_rel_loss_diff(rows: list[dict], reference: list[dict]) -> float | None:
-    pairs = [(a["loss"], b["loss"]) for a, b in zip(rows, reference)]
+    pairs = [(a.get("loss"), b.get("loss")) for a, b in zip(rows, reference)]
+    pairs = [(a, b) for a, b in pairs if a is not None and b]  # a step without a loss compares nothing
     return max(abs(a - b) / abs(b) for a, b in pairs) if pairs else None
 
 
@@ -105,7 +123,7 @@ def describe(point: dict, defaults: dict | None = None) -> str:
 
 
 def alloc_retries(point: dict) -> int | None:
-    return ((point["summary"].get("final") or {}).get("alloc_retries") or {}).get("sum")
+    return final_stat(point, "alloc_retries", "sum")
 
 
 def prediction_error(point: dict) -> float | None:
@@ -122,7 +140,7 @@ def prediction_error(point: dict) -> float | None:
 def stall_and_prediction(point: dict) -> str:
     """Our pass's copy stall per step (final-phase median) and its planner's peak prediction against the measured."""
     summary, parts = point["summary"], []
-    stall = ((summary.get("final") or {}).get("offload_stall_s") or {}).get("median")
+    stall = final_stat(point, "offload_stall_s", "median")
     if stall is not None:
         parts.append(f"copy stall {stall:.4f} s/step")
     error = prediction_error(point)
@@ -162,12 +180,25 @@ def comparisons(sweep_dirs: list[Path]) -> str:
     return "\n".join(lines if rows else [])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """Exit status 0 when a point was read, 1 when none could be, 2 on bad usage (a sweep dir that is not one)."""
+    parser = argparse.ArgumentParser(prog="harness bench", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dirs", nargs="+", type=Path)
     sweep_dirs = parser.parse_args(argv).sweep_dirs
-    print("\n".join(filter(None, [report(load_points(sweep_dirs)), comparisons(sweep_dirs)])))
+    for sweep_dir in sweep_dirs:
+        if not sweep_dir.is_dir():
+            print(f"error: {sweep_dir}: not a directory", file=sys.stderr)
+            return 2
+    problems: list[Problem] = []
+    points = load_points(sweep_dirs, problems)
+    for problem in problems:
+        print(problem.line(), file=sys.stderr)
+    if not points:
+        print(f"error: {', '.join(map(str, sweep_dirs))}: no readable points", file=sys.stderr)
+        return 1
+    print("\n".join(filter(None, [report(points), comparisons(sweep_dirs)])))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

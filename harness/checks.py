@@ -1,8 +1,9 @@
-"""Checks of one config value by kind (a number in a range, a choice), each refusing with one ConfigError
-that names the key. The config schema (harness/schema/) gives each key its check."""
+"""Checks of one config value by kind (a number in a range, a choice, text, a plain name), each refusing with one
+ConfigError that names the key. The config schema (harness/schema/) gives each key its check."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -11,9 +12,19 @@ from harness.errors import ConfigError
 MISSING = object()  # a key the config does not have, as opposed to one set to null
 
 
+# No count, size in GB or time in seconds the harness takes comes near this; past it a GB amount turned into
+# bytes, or seconds into a timer, overflows (1e300 GB is inf bytes), so every number key refuses it.
+LARGEST_MAGNITUDE = 1e12
+
+
 def is_finite_number(value) -> bool:
     """An int or float that is not a bool, NaN or infinite (a GB amount from a YAML file or a command line)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_usable_number(value) -> bool:
+    """A finite number no larger than LARGEST_MAGNITUDE: one the harness can compute with."""
+    return is_finite_number(value) and abs(value) <= LARGEST_MAGNITUDE
 
 
 def _yaml(value: Any) -> str:
@@ -41,8 +52,11 @@ class Number:
             return
         if not self.accepts(value):
             raise ConfigError(key, f"must be {self.describe()}, got {value!r}")
+        if not is_usable_number(value):
+            raise ConfigError(key, f"must be {self.describe()} and at most {LARGEST_MAGNITUDE:g} in size, got {value!r}")
 
     def accepts(self, value: Any) -> bool:
+        """Whether the value is of the kind and in the range (its size is checked apart, for its own message)."""
         if not is_finite_number(value) or (self.integer and not isinstance(value, int)):
             return False
         if self.whole and not float(value).is_integer():
@@ -70,6 +84,37 @@ class Choice:
     def check(self, key: str, value: Any) -> None:
         if not any(type(value) is type(option) and value == option for option in self.options):
             raise ConfigError(key, f"must be one of {', '.join(map(_yaml, self.options))}, got {value!r}")
+
+
+# Control characters (NUL above all) cannot go into an environment variable, a W&B name or a folder name.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string without control characters; `nullable`: null is allowed too."""
+    nullable: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.nullable:
+            return
+        if not isinstance(value, str) or _CONTROL.search(value):
+            kind = "a string without control characters"
+            raise ConfigError(key, f"must be {'null or ' if self.nullable else ''}{kind}, got {value!r}")
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
+
+
+@dataclass(frozen=True)
+class PlainName:
+    """A name that is one folder: letters, digits and `_ . + -`, not starting with a dot, at most 100 characters
+    (never a path: no separator, no `..`)."""
+
+    def check(self, key: str, value: Any) -> None:
+        if not (isinstance(value, str) and _PLAIN_NAME.fullmatch(value)):
+            raise ConfigError(key, "must be a plain name (letters, digits, _ . + -; not starting with a dot; "
+                              f"at most 100 characters), got {value!r}")
 
 
 POSITIVE_INT = Number(low=1, integer=True)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import psutil
 
-from harness import runfiles
+from harness import arms, runfiles
 
 STATUSES = ("ok", "oom", "died", "timeout", "preempted", "interrupted", "skipped", "config_error", "error")
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
@@ -68,6 +68,9 @@ def worker_env(cfg: dict[str, Any], cuda: bool | None = None) -> dict[str, str]:
         env["DEEPSPEED_TIMEOUT"] = str(int(cfg["launcher"]["dist_timeout_min"]))
     if cfg["env"]["pytorch_cuda_alloc_conf"]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = cfg["env"]["pytorch_cuda_alloc_conf"]
+    admitted = arms.handed_to_ranks(cfg["arm"])
+    if admitted:  # an arm from the driver's command line: the ranks may import it on their driver's word
+        env[arms.ADMITTED_ENV] = admitted
     return env
 
 

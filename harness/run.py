@@ -1,10 +1,11 @@
 """The driver of one sweep point (the Hydra app): `python -m harness.run [overrides]`, `-m` to sweep.
 
-validate -> run dir (config.yaml, env.json) -> torchrun workers -> classify -> summary.json -> W&B.
-A failed point is recorded with its status and never raises into the sweep (a refused config is
-`config_error`, a failure of the driver itself `error`); a bad config in a single run exits 2 with one
-line naming the key. Ctrl-C (or SIGHUP) stops the point's ranks, records it `interrupted` with the steps
-done, writes the sweep's index and exits 130; a second Ctrl-C kills the ranks at once.
+check the command line -> resolve and validate -> run dir (config.yaml, env.json) -> torchrun workers -> classify
+-> summary.json -> W&B. A failed point is recorded with its status and never raises into the sweep (a refused
+config is `config_error`, a failure of the driver itself `error`); a bad config exits 2 with one line naming the
+key. Ctrl-C (or SIGHUP) stops the point's ranks, records it `interrupted` with the steps done, writes the sweep's
+index and exits 130; a second Ctrl-C kills the ranks at once. Outside SLURM a SIGTERM does the same, the point
+recorded `preempted`, and exits 143. Exit codes: harness/exits.py.
 """
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ dirnames.register()  # conf/hydra/default.yaml names the point folders with it
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness import arms, emulated_device, estimate, launch, machine, progress, protocol, runfiles  # noqa: E402
+from harness import (arms, compose, emulated_device, estimate, exits, launch, machine, progress,  # noqa: E402
+                     protocol, runfiles)
 from harness.cluster import nodes, stops  # noqa: E402
-from harness.checks import is_finite_number  # noqa: E402
+from harness.checks import is_usable_number, lookup  # noqa: E402
 from harness.envinfo import collect_env  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.metrics import summarize_phases  # noqa: E402
@@ -36,25 +38,24 @@ from harness.sinks import SweepIndexCallback, mirror_to_wandb  # noqa: E402
 from harness.units import GB  # noqa: E402
 from harness.validate import check_group_choices, validate  # noqa: E402
 
-CONFIG_ERROR_EXIT_CODE = 2
-INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
+CONFIG_ERROR_EXIT_CODE = exits.CONFIG_ERROR
 
 
 def build_summary(config: dict, status: str, reason: str | None, rows: list[dict], wall_time_s: float,
                   worker_facts: dict, oom: dict | None = None) -> dict[str, Any]:
     """`oom`: where and by how much the point ran out (launch.oom_facts), for an `oom` point."""
-    warmup = _warmup_steps(config["train"])
+    warmup = _warmup_steps(config.get("train") or {})
     phases = summarize_phases(rows, warmup)
     final_rows = [row for row in rows if phases and row["phase"] == phases[-1]["phase"]]
     return {
         "status": status, "reason": reason,
-        "arm": config["arm"]["name"], "model": config["model"]["name"],
-        "world_size": worker_facts.get("world_size", _configured_world_size(config["launcher"])),
+        "arm": lookup(config, "arm.name", None), "model": lookup(config, "model.name", None),
+        "world_size": worker_facts.get("world_size", _configured_world_size(config.get("launcher") or {})),
         "steps_completed": len(rows), "wall_time_s": wall_time_s,
         "budget_bytes": worker_facts.get("budget_bytes"),
         "planned_offload_bytes": worker_facts.get("planned_offload_bytes"),
         "predicted_peak_bytes": worker_facts.get("predicted_peak_bytes"),
-        "device_memory_bytes": _emulated_size_bytes(config["env"]), "oom": oom,
+        "device_memory_bytes": _emulated_size_bytes(config.get("env") or {}), "oom": oom,
         "warmup_steps": warmup,
         **protocol.steadiness([row for row in final_rows if protocol.is_measured(row, warmup)]),
         "machine": _machine_summary(worker_facts.get("machine")),
@@ -77,14 +78,14 @@ def _machine_summary(readings: dict | None) -> dict | None:
 
 
 def _emulated_size_bytes(env: dict) -> int | None:
-    """env.device_memory_gb in bytes, None where it is null or not a number (a refused config)."""
-    return emulated_device.size_bytes(env) if is_finite_number(env.get("device_memory_gb")) else None
+    """env.device_memory_gb in bytes, None where it is null or no usable number (a refused config)."""
+    return emulated_device.size_bytes(env) if is_usable_number(env.get("device_memory_gb")) else None
 
 
 def _configured_world_size(launcher: dict) -> int | None:
-    """nnodes x nproc_per_node, or None where they are not integers (a refused config)."""
+    """nnodes x nproc_per_node, or None where they are not usable integers (a refused config)."""
     sizes = (launcher.get("nproc_per_node"), launcher.get("nnodes"))
-    return sizes[0] * sizes[1] if all(type(n) is int for n in sizes) else None
+    return sizes[0] * sizes[1] if all(type(n) is int and is_usable_number(n) for n in sizes) else None
 
 
 def _gpu_count() -> int:
@@ -152,7 +153,8 @@ def print_phase_table(summary: dict) -> None:
 
 def drive(cfg: DictConfig) -> str:
     """One point, from composed config to recorded summary; returns the status. In a multirun nothing raises
-    into the sweep (Hydra would then skip the sweep's index); Ctrl-C ends the sweep after this point."""
+    into the sweep (Hydra would then skip the sweep's index); a signal that stops the point ends the sweep after
+    it (stops.ends_the_sweep); a single point exits with its status's code (harness/exits.py)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -161,37 +163,54 @@ def drive(cfg: DictConfig) -> str:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     place = nodes.this_node(nnodes=OmegaConf.select(cfg, "launcher.nnodes", throw_on_resolution_failure=False))
     try:
-        status = record_point(cfg, run_dir, place, multirun)
+        status = record_point(cfg, run_dir, place)
+    except stops.Terminated:  # SIGTERM outside SLURM while the driver itself ran (run_workers handles it there)
+        status = record_failure(cfg, run_dir, place, "preempted", "SIGTERM in the driver")
     except KeyboardInterrupt:  # Ctrl-C outside the ranks' run (run_workers handles it there)
         status = record_failure(cfg, run_dir, place, "interrupted", "SIGINT in the driver")
     except Exception as error:
         traceback.print_exc()
         status = record_failure(cfg, run_dir, place, "error", traceback_last_line(error))
-        if not multirun:
-            sys.exit(1)
-    if status == "interrupted":
-        stop_the_sweep(run_dir, multirun)
+    if stops.ends_the_sweep(status, place):
+        stop_the_sweep(run_dir, multirun, status)
+    if not multirun and exits.point_exit_code(status) != exits.OK:
+        sys.exit(exits.point_exit_code(status))
     return status
 
 
-def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, multirun: bool) -> str:
+def checked_config(cfg: DictConfig, place: nodes.NodePlace) -> dict:
+    """The point's config resolved and checked as the driver launches it; ConfigError naming the key at fault."""
+    config = compose.resolve(cfg)
+    arms.admit(config.get("arm"))  # the arm this command line names; readers of the run dir never import it
+    validate(config, _gpu_count())
+    emulated_device.check(config["env"], _device_total_bytes())
+    nodes.check_allocation(config["launcher"], place)
+    return config
+
+
+def resolved_or_written(cfg: DictConfig) -> dict:
+    """The config resolved where it resolves, else as written (to record a point whose resolving failed)."""
+    try:
+        return compose.resolve(cfg)
+    except ConfigError:
+        return OmegaConf.to_container(cfg)
+
+
+def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     """Validate, run and record one point (node 0 records it); returns its status."""
+    known = resolved_or_written(cfg)
     if place.primary:
         start_attempt(run_dir, cfg)
-    config = OmegaConf.to_container(cfg, resolve=True)
+        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(known))
     try:
-        validate(config, _gpu_count())
-        emulated_device.check(config["env"], _device_total_bytes())
-        nodes.check_allocation(config["launcher"], place)
+        config = checked_config(cfg, place)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         if place.primary:
-            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
-            write_json(run_dir / runfiles.SUMMARY, build_summary(config, "config_error", str(error), [], 0.0, {}))
-        if not multirun:
-            sys.exit(CONFIG_ERROR_EXIT_CODE)
+            write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
         return "config_error"
-    # The point as it runs: train.steps the total, train.measure_steps the final phase's measured count.
+    # The point as it runs, over the config as written: train.steps the total, train.measure_steps the final
+    # phase's measured count (harness/protocol.py).
     config = protocol.with_step_counts(config, arms.from_config(config["arm"]).phase_start_steps(config))
     if place.primary:
         write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
@@ -201,13 +220,21 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, multiru
         return summary["status"]
     write_json(run_dir / runfiles.SUMMARY, summary)
     if config["logger"]["name"] == "wandb":
+        mirror_point(run_dir, config, summary)
+    print_phase_table(summary)
+    if summary["status"] == "preempted" and config["launcher"].get("requeue") and stops.requeue_job(place):
+        sys.exit(exits.REQUEUED)
+    return summary["status"]
+
+
+def mirror_point(run_dir: Path, config: dict, summary: dict) -> None:
+    """The point's W&B run; a failure of the mirror is one warning line (summary.json is the record and stands)."""
+    try:
         env = json.loads((run_dir / runfiles.ENV).read_text())
         mirror_to_wandb(run_dir, config["logger"], config, read_jsonl(run_dir / runfiles.STEPS), summary, env,
                         group=config["sweep"]["name"])
-    print_phase_table(summary)
-    if summary["status"] == "preempted" and config["launcher"].get("requeue") and stops.requeue_job(place):
-        sys.exit(os.EX_TEMPFAIL)  # SLURM runs the job again; submitit waits for it instead of a result
-    return summary["status"]
+    except Exception as error:  # W&B raises its own errors, pydantic's among them
+        print(f"warning: the W&B mirror of {run_dir} failed: {traceback_last_line(error)}", file=sys.stderr)
 
 
 def start_attempt(run_dir: Path, cfg: DictConfig) -> None:
@@ -232,23 +259,33 @@ def traceback_last_line(error: BaseException) -> str:
 
 
 def record_failure(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, status: str, reason: str) -> str:
-    """Record a point that the driver could not finish, unless this attempt already has its summary."""
+    """Record a point that the driver could not finish, unless this attempt already has its summary (the console
+    then says what summary.json says). Returns `status`, which decides what the driver does next. Never raises: a
+    run dir it cannot write costs one line, and the sweep goes on."""
     summary_path = run_dir / runfiles.SUMMARY
-    if place.primary and run_dir.is_dir() and not summary_path.exists():
-        config = OmegaConf.to_container(cfg)  # unresolved: resolving may be what failed
-        if not (run_dir / runfiles.CONFIG).exists():
-            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(cfg))
-        write_json(summary_path, build_summary(config, status, reason, read_jsonl(run_dir / runfiles.STEPS), 0.0, {}))
+    try:
+        if summary_path.exists():
+            recorded = json.loads(summary_path.read_text())["status"]
+            print(f"status: {recorded} (recorded before the driver ended: {reason})", file=sys.stderr)
+            return status
+        if place.primary and run_dir.is_dir():
+            config = OmegaConf.to_container(cfg)  # unresolved: resolving may be what failed
+            if not (run_dir / runfiles.CONFIG).exists():
+                write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(cfg))
+            rows = read_jsonl(run_dir / runfiles.STEPS)
+            write_json(summary_path, build_summary(config, status, reason, rows, 0.0, {}))
+    except Exception as error:
+        print(f"warning: cannot record {run_dir}: {traceback_last_line(error)}", file=sys.stderr)
     print(f"status: {status} ({reason})", file=sys.stderr)
     return status
 
 
-def stop_the_sweep(run_dir: Path, multirun: bool) -> None:
-    """After Ctrl-C: the point is recorded; write the sweep's index (Hydra will not) and exit."""
+def stop_the_sweep(run_dir: Path, multirun: bool, status: str) -> None:
+    """After a stop signal: the point is recorded; write the sweep's index (Hydra will not) and exit."""
     if multirun:
         SweepIndexCallback.write_running_index()
-    print(f"interrupted: the point's run files are in {run_dir}", file=sys.stderr)
-    sys.exit(INTERRUPTED_EXIT_CODE)
+    print(f"{status}: the point's run files are in {run_dir}", file=sys.stderr)
+    sys.exit(exits.stopped_exit_code(status))
 
 
 @hydra.main(version_base="1.3", config_path=str(REPO_ROOT / "conf"), config_name="config")
@@ -256,26 +293,44 @@ def hydra_app(cfg: DictConfig) -> str:
     return drive(cfg)
 
 
+def check_command_line(args: list[str]) -> None:
+    """What the driver refuses before Hydra starts, as one ConfigError: an unknown group option, then what Hydra
+    itself would refuse (harness.compose.check_command_line). Nothing is run or written."""
+    check_group_choices(args, REPO_ROOT)
+    compose.check_command_line(args)
+
+
 def main() -> None:
-    """Console entry: reject unknown group options in one line, then hand the command line to Hydra
-    (or, with estimate_only=true, print the sweep's memory estimate without launching anything)."""
+    """Console entry: refuse bad command lines in one line (unknown group options, what Hydra itself would refuse),
+    then hand the command line to Hydra (or, with estimate_only=true, print the sweep's memory estimate without
+    launching anything). A sweep's index is written however it ends, and its exit code says whether every point
+    was recorded (harness/exits.py)."""
     args = sys.argv[1:]
     try:
-        check_group_choices(args, REPO_ROOT)
         if estimate.requested(args):
+            check_group_choices(args, REPO_ROOT)
             multirun = "-m" in args or "--multirun" in args
             overrides = [a for a in args if a not in (estimate.ESTIMATE_ONLY, "-m", "--multirun")]
             estimate.print_estimate(overrides, multirun)
             return
+        check_command_line(args)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
+    stops.end_on_sigterm()
     try:
         hydra_app()
-    except KeyboardInterrupt:  # Ctrl-C between points: no point is running
+    except (KeyboardInterrupt, stops.Terminated) as stop:  # between points: no point is running
+        status = "preempted" if isinstance(stop, stops.Terminated) else "interrupted"
         SweepIndexCallback.write_running_index()
-        print("interrupted", file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT_CODE)
+        print(status, file=sys.stderr)
+        sys.exit(exits.stopped_exit_code(status))
+    finally:  # Hydra ended the sweep with an error of its own: the index still lists what was recorded
+        if SweepIndexCallback.running_sweep_dir is not None and SweepIndexCallback.outcome is None:
+            SweepIndexCallback.write_running_index()
+    sweep_code = SweepIndexCallback.exit_code()
+    if sweep_code:
+        sys.exit(sweep_code)
 
 
 if __name__ == "__main__":

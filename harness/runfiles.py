@@ -136,7 +136,8 @@ def set_aside_previous_attempt(run_dir: Path) -> Path | None:
     if not found:
         return None
     attempts = run_dir / ATTEMPTS_DIR
-    target = attempts / str(len(list(attempts.glob("*"))) if attempts.exists() else 0)
+    taken = [int(p.name) for p in attempts.glob("*") if p.name.isdigit()] if attempts.exists() else []
+    target = attempts / str(max(taken, default=-1) + 1)  # after the last one, whatever was deleted before it
     target.mkdir(parents=True)
     for path in found:
         path.rename(target / path.name)

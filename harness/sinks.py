@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
-from harness import runfiles
+from harness import exits, reader, runfiles
+from harness.checks import lookup
 
 
 def flat_summary(summary: dict) -> dict[str, Any]:
@@ -53,23 +57,24 @@ def mirror_to_wandb(run_dir: Path, logger_cfg: dict, config: dict, rows: list[di
 
 
 def index_line(sweep_dir: Path, run_dir: Path) -> dict[str, Any] | None:
-    """The sweep index entry of one run dir, or None when it has no summary yet."""
-    import yaml
-
+    """The sweep index entry of one run dir, or None when it has no summary yet. Its files come through the one
+    reader of run dirs: MalformedFile (or OSError) for a summary it cannot read; a config without train.repeat (a
+    refused point's, say) gives a null repeat."""
     summary_path = Path(run_dir) / runfiles.SUMMARY
     if not summary_path.exists():
         return None
-    summary = json.loads(summary_path.read_text())
-    overrides_path = Path(run_dir) / runfiles.OVERRIDES
-    overrides = yaml.safe_load(overrides_path.read_text()) if overrides_path.exists() else []
-    config = runfiles.read_config(run_dir)
+    summary = reader.read_summary(summary_path)
+    try:
+        config = reader.read_config(Path(run_dir) / runfiles.CONFIG)
+    except (OSError, reader.MalformedFile):
+        config = {}
     final = summary.get("final") or {}
     return {
         "run_dir": str(Path(run_dir).relative_to(sweep_dir)),
-        "overrides": overrides,
-        "status": summary["status"], "reason": summary["reason"],
+        "overrides": reader.hydra_overrides(Path(run_dir)),
+        "status": summary["status"], "reason": summary.get("reason"),
         "arm": summary.get("arm"), "model": summary.get("model"),
-        "repeat": config["train"]["repeat"],
+        "repeat": lookup(config, "train.repeat", None),
         "final": {"step_time_s_median": (final.get("step_time_s") or {}).get("median"),
                   "tokens_per_s_median": (final.get("tokens_per_s") or {}).get("median"),
                   "peak_reserved_bytes_max": (final.get("peak_reserved_bytes") or {}).get("max"),
@@ -77,10 +82,26 @@ def index_line(sweep_dir: Path, run_dir: Path) -> dict[str, Any] | None:
     }
 
 
+def index_lines(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One index entry per run dir with a readable summary, in job order; one warning line for each other."""
+    lines = []
+    for run_dir in iter_run_dirs(sweep_dir):
+        try:
+            line = index_line(sweep_dir, run_dir)
+        except (OSError, reader.MalformedFile) as error:
+            print(f"warning: {run_dir}: left out of the index: {error}", file=sys.stderr)
+            continue
+        if line is not None:
+            lines.append(line)
+    return lines
+
+
 def write_sweep_index(sweep_dir: Path) -> Path:
     """(Re)build index.jsonl from every run dir under a sweep dir: one line per point, in job order."""
-    sweep_dir = Path(sweep_dir)
-    lines = [line for d in iter_run_dirs(sweep_dir) if (line := index_line(sweep_dir, d)) is not None]
+    return _write_index(Path(sweep_dir), index_lines(Path(sweep_dir)))
+
+
+def _write_index(sweep_dir: Path, lines: list[dict[str, Any]]) -> Path:
     path = sweep_dir / runfiles.INDEX
     runfiles.write_atomic(path, "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
     return path
@@ -91,29 +112,73 @@ def iter_run_dirs(sweep_dir: Path) -> list[Path]:
     return sorted((p.parent for p in Path(sweep_dir).glob(f"*/{runfiles.SUMMARY}")), key=job_order)
 
 
+def point_dirs(sweep_dir: Path) -> list[Path]:
+    """Every point folder Hydra made in a sweep dir ('<job num>_...'), recorded or not."""
+    return sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir() and job_order(p)[0] != UNNUMBERED),
+                  key=job_order)
+
+
+UNNUMBERED = 1 << 30  # job_order's number for a folder that is not a point's
+
+
 def job_order(run_dir: str | Path) -> tuple[int, str]:
     """Hydra names run dirs '<job num>_<overrides>': order by job number, not by text (others last)."""
     name = Path(run_dir).name
     head = name.split("_", 1)[0]
-    return (int(head) if head.isdigit() else 1 << 30, name)
+    return (int(head) if head.isdigit() else UNNUMBERED, name)
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """What the index of a finished (or stopped) sweep says: each recorded point's status, and the point folders
+    that hold no readable summary (a driver killed outright, a folder it could not write)."""
+    statuses: tuple[str, ...]
+    unrecorded: tuple[str, ...]
 
 
 class SweepIndexCallback(Callback):
     """Writes the sweep dir's index.jsonl when a multirun ends (also after failed points), or through
-    write_running_index when Ctrl-C ends it early (Hydra calls no callback then)."""
+    write_running_index when a signal or a failure ends it early (Hydra calls no callback then). Never raises:
+    a sweep's index is written whatever happens to it."""
 
     running_sweep_dir: Path | None = None  # the sweep dir of the multirun in this process
+    strict: bool = False                   # sweep.strict: a point that is not ok fails the sweep
+    outcome: SweepOutcome | None = None    # set once the index is written
 
     def on_multirun_start(self, config, **kwargs) -> None:
         SweepIndexCallback.running_sweep_dir = Path(config.hydra.sweep.dir)
+        SweepIndexCallback.strict = OmegaConf.select(config, "sweep.strict", default=False,
+                                                     throw_on_resolution_failure=False) is True
+        SweepIndexCallback.outcome = None
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        SweepIndexCallback.running_sweep_dir = Path(config.hydra.sweep.dir)
         SweepIndexCallback.write_running_index()
 
     @staticmethod
     def write_running_index() -> None:
         sweep_dir = SweepIndexCallback.running_sweep_dir
-        if sweep_dir is not None and sweep_dir.exists():
-            path = write_sweep_index(sweep_dir)
-            print(f"sweep index: {path} ({sum(1 for _ in open(path))} points)")
+        if sweep_dir is None or not sweep_dir.exists():
+            return
+        try:
+            lines = index_lines(sweep_dir)
+            path = _write_index(sweep_dir, lines)
+            listed = {line["run_dir"] for line in lines}
+            unrecorded = tuple(p.name for p in point_dirs(sweep_dir) if p.name not in listed)
+        except Exception as error:  # the sweep's points are recorded in their run dirs; say why the index is not
+            print(f"warning: sweep index of {sweep_dir} not written: {error}", file=sys.stderr)
+            SweepIndexCallback.outcome = SweepOutcome((), (runfiles.INDEX,))
+            return
+        SweepIndexCallback.outcome = SweepOutcome(tuple(line["status"] for line in lines), unrecorded)
+        print(f"sweep index: {path} ({len(lines)} points)")
+        if unrecorded:
+            print(f"warning: {len(unrecorded)} point(s) left no summary: {', '.join(unrecorded)}", file=sys.stderr)
+
+    @staticmethod
+    def exit_code() -> int | None:
+        """The finished multirun's exit code (harness.exits), or None where no multirun ran in this process."""
+        if SweepIndexCallback.running_sweep_dir is None:
+            return None
+        if SweepIndexCallback.outcome is None:
+            SweepIndexCallback.write_running_index()
+        outcome = SweepIndexCallback.outcome or SweepOutcome((), (runfiles.INDEX,))
+        return exits.sweep_exit_code(outcome.statuses, len(outcome.unrecorded), SweepIndexCallback.strict)

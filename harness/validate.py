@@ -13,18 +13,22 @@ from harness import arms, schema
 from harness.errors import ConfigError
 
 
-def check_launcher(cfg: dict[str, Any], gpu_count: int | None) -> None:
+def check_machine(cfg: dict[str, Any], gpu_count: int | None) -> None:
+    """What this node can run: no more ranks than GPUs, and fp16 only with CUDA (its loss scaling is CUDA's)."""
     launcher = cfg["launcher"]
     if gpu_count and launcher["nproc_per_node"] > gpu_count:
         raise ConfigError("launcher.nproc_per_node",
                           f"{launcher['nproc_per_node']} ranks per node but this node has {gpu_count} GPUs")
+    if gpu_count == 0 and cfg["train"]["dtype"] == "fp16":
+        raise ConfigError("train.dtype", "fp16 needs CUDA and this node has no GPU; on CPU train in bf16 or fp32")
 
 
 def validate(cfg: dict[str, Any], gpu_count: int | None) -> None:
-    """All checks; `gpu_count` is the node's GPU count (None or 0 on a CPU machine)."""
+    """All checks; `gpu_count` is the node's GPU count (0 on a CPU machine, None where the machine is not the one
+    that will run the point, as for the dry-run estimate)."""
     schema.check_values(cfg)
     schema.check_rules(cfg)
-    check_launcher(cfg, gpu_count)
+    check_machine(cfg, gpu_count)
     arms.from_config(cfg["arm"]).check(cfg)
 
 

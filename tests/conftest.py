@@ -1,7 +1,9 @@
 """Helpers shared by the test modules: the driver run as a user would run it, a run dir's records, the
 bad inputs refused with one line naming their key, and the figure checks."""
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +50,26 @@ def run_file_mode() -> int:
     return RUN_FILE_MODE & ~umask
 
 
+def schema_keys() -> dict[str, object]:
+    """Every leaf key of the config schema (the arm group's as the default arm, zero3, has them) -> its check."""
+    from harness import arms, schema
+    from harness.schema.fields import rules
+
+    def leaves(prefix: str, group: type) -> dict[str, object]:
+        found = {}
+        for name, rule in rules(group).items():
+            if isinstance(rule.check, type):
+                found.update(leaves(f"{prefix}.{name}", rule.check))
+            else:
+                found[f"{prefix}.{name}"] = rule.check
+        return found
+
+    keys = leaves("arm", arms.registered()["zero3"])
+    for name, group in schema.GROUPS.items():
+        keys.update(leaves(name, group))
+    return keys
+
+
 def driver_env(**slurm: str) -> dict[str, str]:
     """This environment without the machine's own SLURM variables (a test sets those it fakes)."""
     env = {key: value for key, value in os.environ.items() if key not in SLURM_KEYS}
@@ -74,6 +96,25 @@ def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, fast: l
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     """A run dir's steps.jsonl rows and summary.json."""
     return read_jsonl(run_dir / "steps.jsonl"), json.loads((run_dir / "summary.json").read_text())
+
+
+@contextlib.contextmanager
+def unwritable(folder: Path):
+    """`folder` made unwritable for this process for the block: no write permission, and for root (whom permissions
+    do not stop) the filesystem's immutable flag; the test is skipped where neither holds."""
+    folder.chmod(0o555)
+    immutable = False
+    try:
+        if os.access(folder, os.W_OK):
+            immutable = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0 \
+                if shutil.which("chattr") else False
+            if not immutable:
+                pytest.skip("cannot make a folder unwritable for this user here")
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
 
 
 @pytest.fixture

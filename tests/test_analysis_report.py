@@ -154,6 +154,24 @@ def test_a_malformed_run_file_gives_one_line_naming_it_and_the_rest_is_reported(
     assert all((tmp_path / "out" / "figures" / f"{figure}.pdf").stat().st_size > 0 for figure in FIGURES)
 
 
+def test_wrong_typed_step_values_are_named_once_and_every_notebook_still_runs(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(FIXTURE, sweep_dir)
+    ok_dirs = [path.parent for path in sorted(sweep_dir.glob("*/summary.json"))
+               if json.loads(path.read_text())["status"] == "ok" and (path.parent / "steps.jsonl").exists()]
+    damaged = []
+    for run_dir, field, value in ((ok_dirs[0], "step_time_s", "fast"), (ok_dirs[1], "peak_reserved_bytes", "lots")):
+        steps_file = run_dir / "steps.jsonl"
+        rows = [json.loads(line) for line in steps_file.read_text().splitlines()]
+        rows[1][field] = value
+        steps_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        damaged.append(steps_file)
+    status, stdout, stderr = run_report([str(sweep_dir), "--out", str(tmp_path / "out")])
+    assert status == 0, stderr
+    assert [line for line in stderr.splitlines() if line.startswith(("warning:", "error:"))] == \
+        [f"warning: {steps_file}: unreadable line(s) 2 skipped" for steps_file in damaged]
+
+
 def test_report_refuses_what_is_not_a_sweep(tmp_path):
     assert run_report([str(tmp_path / "nowhere")])[0] == 2
     status, _, stderr = run_report([str(tmp_path)])

@@ -1,6 +1,9 @@
 """Arms are objects: one class per arm, picked by conf/arm/NAME.yaml; no code outside harness/arms/ tells arms
 apart by their names."""
 import ast
+import os
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -9,6 +12,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from analysis import capacity, plots, tables
+from conftest import driver_env
 from harness import arms
 from harness.arms.registry import TARGET
 from harness.compose import compose_point
@@ -174,3 +178,41 @@ def test_analysis_takes_its_arm_orders_and_roles_from_the_arm_classes():
     assert not set(tables.NON_OFFLOAD_ARMS) & set(tables.OFFLOAD_ARMS)
     assert plots.ARM_STYLES == {name: (arm.display.colour, arm.display.marker) for name, arm in registered.items()}
     assert plots.arm_style("an arm no longer in conf") == plots.OTHER_ARM_STYLE
+
+
+def test_a_target_is_looked_up_never_imported_unless_the_driver_admits_it(monkeypatch):
+    monkeypatch.delenv(arms.ADMITTED_ENV, raising=False)
+    target = "json.JSONDecoder"  # importable, and no arm: looking it up must not even try
+    with pytest.raises(ConfigError) as unknown:
+        arms.class_of({TARGET: "harness_planted_nowhere.Arm", "name": "zero3"})
+    assert unknown.value.key == f"arm.{TARGET}" and "unknown arm class" in unknown.value.message
+    assert "harness_planted_nowhere" not in sys.modules
+    with pytest.raises(ConfigError) as admitted:  # the driver imports what its own command line names...
+        arms.admit({TARGET: target})
+    assert "not a subclass of harness.arms.Arm" in admitted.value.message  # ...and still refuses a non-arm
+
+
+HALVES = """
+from dataclasses import dataclass
+
+from harness.arms import EagerArm
+
+
+@dataclass(frozen=True)
+class Halves(EagerArm):
+    pass
+"""
+
+
+def test_an_arm_installed_as_an_entry_point_is_known_to_every_reader(tmp_path):
+    (tmp_path / "halves_arm.py").write_text(HALVES)
+    dist_info = tmp_path / "halves_arm-0.1.dist-info"  # what `pip install` of a package declaring it leaves
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: halves-arm\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text("[offload_harness.arms]\nhalves = halves_arm:Halves\n")
+    code = ("from harness import arms; print(arms.registered()['halves'].__name__, "
+            "arms.class_of({'_target_': 'halves_arm.Halves', 'name': 'halves'}).__name__)")
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-c", code], env={**driver_env(), "PYTHONPATH": path},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["Halves", "Halves"], proc.stderr

@@ -16,13 +16,13 @@ def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[fl
     run_dir = sweep / name
     run_dir.mkdir(parents=True)
     offload = {**knob_defaults(), "budget_gb": budget_gb, **knobs}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"arm": {"name": arm}, "offload": offload,
-                                                         "env": {"reserved_cap_gb": reserved_cap_gb}}))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"arm": {"name": arm}, "model": {"name": "tiny"},
+                                                         "offload": offload, "env": {"reserved_cap_gb": reserved_cap_gb}}))
     (run_dir / "summary.json").write_text(json.dumps({
         "status": "ok", "planned_offload_bytes": 640 if arm != "deepcompile" else None,
         "final": {"phase": 1, "step_time_s": {"median": median}, "alloc_retries": {"sum": retries}}}))
-    rows = [{"step": i, "phase": 0 if i == 0 else 1, "loss": loss, "peak_reserved_bytes": int((11 + i) * 1e9)}
-            for i, loss in enumerate(losses)]
+    rows = [{"step": i, "phase": 0 if i == 0 else 1, "phase_step": max(i - 1, 0), "step_time_s": median, "loss": loss,
+             "peak_reserved_bytes": int((11 + i) * 1e9)} for i, loss in enumerate(losses)]
     (run_dir / "steps.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 

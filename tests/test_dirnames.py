@@ -27,3 +27,24 @@ def test_multibyte_values_are_never_cut_in_half():
     name = bounded_dirname("train.note=" + "é" * 300)
     assert len(name.encode()) <= MAX_BYTES
     name.encode().decode()  # valid UTF-8
+
+
+def test_a_value_never_makes_the_name_a_path():
+    for value in ("a/b", "../../../../esc", "..", "a\\b", "x\x00y", "line\nbreak", "/abs"):
+        name = bounded_dirname(f"env.pytorch_cuda_alloc_conf={value}")
+        assert "/" not in name and "\\" not in name and ".." not in name and "\x00" not in name and "\n" not in name
+    assert bounded_dirname("env.pytorch_cuda_alloc_conf=../x") == "env.pytorch_cuda_alloc_conf=%2E.%2Fx"
+    assert bounded_dirname("a=%2F") != bounded_dirname("a=/")  # `%` is escaped too: two lists, two names
+    assert len(bounded_dirname("train.note=" + "/" * 300).encode()) <= MAX_BYTES
+
+
+def test_the_name_is_read_from_the_overrides_as_written():
+    """Hydra resolves `${...}` in hydra.job.override_dirname when it is read; the folder name must not."""
+    from omegaconf import OmegaConf, open_dict
+
+    from harness.compose import compose_point
+
+    cfg = compose_point(["env.pytorch_cuda_alloc_conf=${oc.env:HARNESS_TEST_UNSET}"], with_hydra=True)
+    with open_dict(cfg):
+        cfg.hydra.job.num = 3
+    assert OmegaConf.select(cfg, "hydra.sweep.subdir") == "3_env.pytorch_cuda_alloc_conf=${oc.env:HARNESS_TEST_UNSET}"

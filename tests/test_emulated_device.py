@@ -58,7 +58,7 @@ def test_the_size_reaches_every_rank_and_an_oom_point_says_where(tmp_path):
     # the emulated size; rank 1 then runs out (injected) in step 2, and the summary says so.
     proc = harness_run(tmp_path, "logger=none", "launcher.nproc_per_node=2", "env.device_memory_gb=3",
                        "debug.fault=oom", "debug.fault_step=2", "debug.fault_rank=1", "arm.phase_starts=[0,2]")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # recorded oom: a single point exits 0 only when ok
     run_dir = tmp_path / "run"
     rows, summary = read_run(run_dir)
     worker = json.loads((run_dir / "worker.json").read_text())

@@ -129,3 +129,10 @@ def test_a_requeued_point_sets_its_earlier_attempt_aside(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts"]  # the attempt is kept whole
     (tmp_path / "config.yaml").write_text("a config error leaves only its config and summary")
     assert runfiles.set_aside_previous_attempt(tmp_path) == tmp_path / "attempts" / "1"
+
+
+def test_attempts_are_numbered_after_the_last_one_whatever_was_deleted(tmp_path):
+    (tmp_path / "attempts" / "1").mkdir(parents=True)  # attempts/0 was deleted by hand
+    (tmp_path / "summary.json").write_text("{}")
+    assert runfiles.set_aside_previous_attempt(tmp_path) == tmp_path / "attempts" / "2"
+    assert (tmp_path / "attempts" / "2" / "summary.json").exists()

@@ -149,10 +149,15 @@ class Example:
     ({"flag": 1}, "x.flag: must be one of null, true, false, got 1"),
     ({"extra": "yes"}, "x.extra: must be one of true, false, got 'yes'"),
     ({"mode": None}, "x.mode: must be one of fast, slow, got None"),
+    ({"note": 3}, "x.note: must be a string without control characters, got 3"),
+    ({"note": "a\x00b"}, "x.note: must be a string without control characters, got 'a\\x00b'"),
+    ({"count": 10**13}, "x.count: must be an integer >= 0 and at most 1e+12 in size, got 10000000000000"),
+    ({"cap_gb": 1e300}, "x.cap_gb: must be null or a finite number > 0 and at most 1e+12 in size, got 1e+300"),
+    ({"nte": "typo"}, "x.nte: unknown key; x has count, cap_gb, mode, fault, flag, extra, note"),
 ])
 def test_a_field_type_says_what_it_allows(values, error):
-    good = {"count": 0, "cap_gb": None, "mode": "fast", "fault": None, "flag": True, "note": 3}
-    check_fields("x", Example, good)  # extra is left out: only some options have it; note is free text
+    good = {"count": 0, "cap_gb": None, "mode": "fast", "fault": None, "flag": True, "note": "free text"}
+    check_fields("x", Example, good)  # extra is left out: only some options have it
     with pytest.raises(ConfigError) as refused:
         check_fields("x", Example, {**good, **values})
     assert str(refused.value) == error

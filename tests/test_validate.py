@@ -2,9 +2,10 @@
 import pytest
 from omegaconf import OmegaConf
 
+from conftest import schema_keys
 from harness import arms
 from harness.checks import Choice, Number
-from harness.compose import compose_point
+from harness.compose import compose_point, resolve
 from harness.errors import ConfigError
 from harness.validate import validate
 
@@ -133,3 +134,81 @@ def test_a_refused_config_still_gets_its_summary():
     summary = build_summary(cfg, "config_error", str(refusal("launcher.nnodes=two")), [], 0.0, {})
     assert summary["world_size"] is None and summary["device_memory_bytes"] is None
     assert summary["reason"].startswith("launcher.nnodes: ")
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["debug.fault=kill", "debug.fault_rank=1"], "debug.fault_rank"),  # one rank: rank 1 never exists
+    (["debug.fault=hang", "train.steps=4", "debug.fault_step=4"], "debug.fault_step"),  # steps 0-3
+    (["train.dtype=fp16"], "train.dtype"),  # on a CPU machine (gpu_count 0)
+])
+def test_values_that_cannot_work_here_are_refused(overrides, key):
+    assert refusal(*overrides).key == key
+
+
+def test_a_fault_the_run_can_reach_and_fp16_on_a_gpu_pass():
+    validate(config("debug.fault=kill", "launcher.nproc_per_node=2", "debug.fault_rank=1", "train.steps=4",
+                    "debug.fault_step=3"), gpu_count=0)
+    validate(config("debug.fault_rank=5"), gpu_count=0)  # no fault: the rank is never used
+    validate(config("train.dtype=fp16"), gpu_count=1)
+    validate(config("train.dtype=fp16"), gpu_count=None)  # the estimate does not know the machine
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["+train.foo=1"], "train.foo"),
+    (["+foo=1"], "foo"),
+    (["+model.config.rope_scalin=2"], "model.config.rope_scalin"),
+    (["+arm.fast=true"], "arm.fast"),
+    (["~train.repeat"], "train.repeat"),
+])
+def test_keys_the_schema_does_not_have_or_lacks_are_refused(overrides, key):
+    assert refusal(*overrides).key == key
+
+
+def test_a_typo_in_an_experiment_is_refused_not_run_with_the_default(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "typo.yaml").write_text("# @package _global_\ntrain:\n  stpes: 3\n")
+    cfg = OmegaConf.to_container(compose_point(["experiments=typo"], config_dirs=[tmp_path]), resolve=True)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, gpu_count=0)
+    assert err.value.key == "train.stpes"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("env.pytorch_cuda_alloc_conf=123", "env.pytorch_cuda_alloc_conf"),  # Popen's TypeError before
+    ("arm.name=[1,2]", "arm.name"),  # W&B's pydantic error, after the launch, before
+    ("model.name={a:1}", "model.name"),
+    ("sweep.name=../../escape", "sweep.name"),
+    ("sweep.name=.hidden", "sweep.name"),
+])
+def test_every_text_key_takes_text_only(override, key):
+    assert refusal(override).key == key
+
+
+NUMBER_KEYS = sorted(key for key, check in schema_keys().items() if isinstance(check, Number))
+
+
+@pytest.mark.parametrize("key", NUMBER_KEYS)
+def test_every_number_key_refuses_a_value_that_would_overflow(key):
+    cfg = config()
+    *parents, leaf = key.split(".")
+    node = cfg
+    for parent in parents:
+        node = node[parent]
+    node[leaf] = 1e300  # 1e300 GB is inf bytes; int(inf) raised OverflowError
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, gpu_count=0)
+    assert err.value.key == key
+    from harness.run import build_summary
+
+    summary = build_summary(cfg, "config_error", str(err.value), [], 0.0, {})  # the refused point is recorded
+    assert summary["status"] == "config_error" and summary["device_memory_bytes"] is None
+
+
+def test_an_interpolation_that_cannot_resolve_names_its_key():
+    with pytest.raises(ConfigError) as err:
+        resolve(compose_point(["train.seq_len=${oc.env:HARNESS_TEST_UNSET}"]))
+    assert str(err.value) == \
+        "train.seq_len: cannot resolve '${oc.env:HARNESS_TEST_UNSET}': Environment variable 'HARNESS_TEST_UNSET' not found"
+    with pytest.raises(ConfigError) as err:
+        resolve(compose_point(["train.steps=${train.steps}"]))
+    assert err.value.key == "train.steps"

@@ -1,5 +1,6 @@
 """How a point is stopped from outside its ranks: SLURM's stop signals (its time limit, a preemption) and the
-status each is recorded as, a requeue, and a failed node stopping the point's other nodes at once.
+status each is recorded as, a requeue, a SIGTERM outside SLURM ending the sweep, and a failed node stopping the
+point's other nodes at once.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -36,6 +38,30 @@ def stop_status(signum: int, place: NodePlace, now: float) -> str:
     if place.end_time is not None:
         return "timeout" if place.end_time - now <= TIME_LIMIT_WINDOW_S else "preempted"
     return "preempted" if signum == signal.SIGTERM else "timeout"
+
+
+class Terminated(BaseException):
+    """SIGTERM outside SLURM while the driver itself runs (between points, or before a point's ranks start): like
+    Ctrl-C's KeyboardInterrupt, not an Exception, so nothing on the way catches it as a failure."""
+
+
+def end_on_sigterm(environ: Mapping[str, str] = os.environ) -> None:
+    """Outside SLURM, a SIGTERM (kill, timeout, docker stop, a CI runner's cancel) ends the sweep: raise Terminated
+    in the driver (while a point's ranks run, run_workers stops them first and records the point `preempted`).
+    Under SLURM, SIGTERM is a preemption the job's own handling answers."""
+    if "SLURM_JOB_ID" in environ or threading.current_thread() is not threading.main_thread():
+        return
+
+    def terminate(signum, frame):
+        raise Terminated("SIGTERM")
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
+def ends_the_sweep(status: str, place: NodePlace) -> bool:
+    """Ctrl-C or SIGHUP (`interrupted`) end a sweep after their point; so does SIGTERM (`preempted`) outside SLURM,
+    where nobody requeues the point and the sender wants the sweep gone. A SLURM preemption ends only its point."""
+    return status == "interrupted" or (status == "preempted" and place.job_id is None)
 
 
 def requeue_job(place: NodePlace) -> bool:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from harness.schema.fields import check_fields, check_value, choices, rules
+from harness.errors import ConfigError
+
+from harness.schema.fields import check_fields, check_value, choices, refuse_unknown_keys, rules
 from harness.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
                                    ModelConfig, OffloadConfig, SweepConfig, TrainConfig)
 
@@ -28,7 +30,11 @@ GROUPS: dict[str, type[Group]] = {
 
 
 def check_values(cfg: Mapping[str, Any]) -> None:
-    """Each value alone, in every group whatever the arm: its type, finiteness, range or choice."""
+    """Each value alone, in every group whatever the arm: its type, finiteness, range or choice; a key (or group)
+    the schema does not have is refused."""
+    refuse_unknown_keys("", cfg, ["arm", *GROUPS])
+    if "arm" not in cfg:
+        raise ConfigError("arm", "missing")
     check_arm_values(cfg["arm"])
     for name, group in GROUPS.items():
         check_fields(name, group, cfg.get(name))
@@ -52,8 +58,11 @@ def check_arm_values(arm_cfg: Mapping[str, Any]) -> None:
     arm=zero3) is checked as that arm checks it."""
     from harness import arms  # here only: the planner and the offload runtime read the schema without the registry
 
+    if not isinstance(arm_cfg, Mapping):
+        raise ConfigError("arm", f"must be a section of keys, got {arm_cfg!r}")
     own = arms.class_of(arm_cfg)
-    check_fields("arm", own, arm_cfg)
+    other_knobs = [name for other in arms.registered().values() for name in rules(other)]
+    check_fields("arm", own, arm_cfg, also_known=[arms.TARGET, *other_knobs])
     for other in arms.registered().values():
         for name, rule in rules(other).items():
             if name in arm_cfg and name not in rules(own) and rule.check is not None:

@@ -1,10 +1,10 @@
 """How a schema dataclass says what a config key may hold, and the checker that reads it.
 
 A field's type names its allowed values: `Literal[...]` lists the choices, `Optional[...]` also allows null, `bool`
-means true or false. What a type cannot say rides in `Annotated[...]`: a `Number` range (nullable when the type is
-Optional) or another object with `.check(key, value)`, and SOMETIMES for a key that only some options of its group
-have (checked when present). A field typed with another dataclass is a nested section (model.config). A field with
-nothing to check (free text such as sweep.name) only documents the key.
+means true or false, `str` text without control characters. What a type cannot say rides in `Annotated[...]`: a
+`Number` range (nullable when the type is Optional) or another object with `.check(key, value)`, and SOMETIMES for a
+key that only some options of its group have (checked when present). A field typed with another dataclass is a
+nested section (model.config). A key that no field names is refused: a typo never runs with the default.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import dataclasses
 import types
 import typing
 from functools import lru_cache
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Collection, Literal, Mapping, Union
 
-from harness.checks import BOOL, MISSING, Choice, Number
+from harness.checks import BOOL, MISSING, Choice, Number, Text
 from harness.errors import ConfigError
 
 SOMETIMES = "sometimes"  # in Annotated[...]: only some options of the group have this key
@@ -49,6 +49,8 @@ def _rule(hint: Any) -> Rule:
         check = Choice(((None,) if nullable else ()) + typing.get_args(inner))
     elif inner is bool:
         check = Choice((None, True, False)) if nullable else BOOL
+    elif inner is str:
+        check = Text(nullable)
     elif dataclasses.is_dataclass(inner):
         check = inner
     else:
@@ -63,13 +65,23 @@ def rules(schema: type) -> dict[str, Rule]:
     return {field.name: _rule(hints[field.name]) for field in dataclasses.fields(schema)}
 
 
-def check_fields(prefix: str, schema: type, values: Any) -> None:
-    """Check each field of `schema` in `values` (one group's keys); a ConfigError names `prefix.field`."""
+def check_fields(prefix: str, schema: type, values: Any, also_known: Collection[str] = ()) -> None:
+    """Check each field of `schema` in `values` (one group's keys); a ConfigError names `prefix.field`. A key that is
+    neither a field nor in `also_known` is refused."""
     if not isinstance(values, Mapping):
         raise ConfigError(prefix, f"must be a section of keys, got {values!r}")
+    refuse_unknown_keys(prefix, values, [*rules(schema), *also_known])
     for name, rule in rules(schema).items():
         if rule.check is not None and (name in values or not rule.sometimes):
             check_value(f"{prefix}.{name}", rule, values.get(name, MISSING))
+
+
+def refuse_unknown_keys(prefix: str, values: Mapping[str, Any], known: Collection[str]) -> None:
+    """The first key of `values` that is not `known`, refused naming it (a typo, or a key this harness lacks)."""
+    unknown = [name for name in values if name not in known]
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
+        raise ConfigError(key, f"unknown key; {prefix or 'the config'} has {', '.join(map(str, known))}")
 
 
 def check_value(key: str, rule: Rule, value: Any) -> None:

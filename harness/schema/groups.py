@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from harness.checks import POSITIVE, POSITIVE_INT, Number
+from harness.checks import POSITIVE, POSITIVE_INT, Number, PlainName
 from harness.errors import ConfigError
 from harness.schema.fields import SOMETIMES
 
@@ -178,14 +178,24 @@ class DebugConfig(Group):
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
-        """A step to look inside must be a step of the run."""
-        steps = total_steps(cfg)
+        """A step to look inside must be a step of the run; a fault must strike a step and a rank the run has."""
+        debug, steps = cfg["debug"], total_steps(cfg)
         for key in ("profile_step", "memory_trace_step"):
-            value = cfg["debug"][key]
+            value = debug[key]
             if value is not None and not value < steps:
                 raise ConfigError(f"debug.{key}", f"must be null or a step in [0, train.steps={steps}), got {value!r}")
+        if debug["fault"] is None:
+            return
+        if not debug["fault_step"] < steps:
+            raise ConfigError("debug.fault_step", f"must be a step in [0, train.steps={steps}) for debug.fault="
+                              f"{debug['fault']}, got {debug['fault_step']!r}")
+        world_size = cfg["launcher"]["nnodes"] * cfg["launcher"]["nproc_per_node"]
+        if not debug["fault_rank"] < world_size:
+            raise ConfigError("debug.fault_rank", f"must be a rank in [0, world size {world_size}) for debug.fault="
+                              f"{debug['fault']}, got {debug['fault_rank']!r}")
 
 
 @dataclass(frozen=True)
 class SweepConfig(Group):
-    name: str  # the W&B group and the sweep folder's name
+    name: Annotated[str, PlainName()]  # the W&B group and the sweep folder's name: one folder under multirun/
+    strict: bool  # true: a multirun exits 1 when a point is not ok (false: when a point left no summary)

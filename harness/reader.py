@@ -1,0 +1,292 @@
+"""Run files read by someone who did not write them: `harness bench`, the report (analysis.load and its notebooks)
+and the sweep index all read a sweep dir through this one reader, which
+- never imports a module because a file names it: an arm's class is looked up among the known ones
+  (harness.arms.registry), and a run dir naming another is read as an unknown arm, with one warning;
+- never follows a path out of the sweep dir: an index entry or a run dir that leads elsewhere is refused;
+- turns each bad file into one Problem naming it and reads on: a point without a readable config.yaml or
+  summary.json is left out, a bad env.json or bad steps.jsonl lines only cost those columns or rows.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness import runfiles
+from harness.checks import is_finite_number, lookup
+from harness.errors import ConfigError
+from harness.launch import STATUSES
+
+STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
+SUMMARY_NUMBERS = ("world_size", "steps_completed", "wall_time_s", "budget_bytes", "planned_offload_bytes",
+                   "predicted_peak_bytes", "device_memory_bytes")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One unreadable run file; `point` is the run dir left out, or None if the point stays."""
+
+    file: str
+    message: str
+    point: str | None = None
+
+    def line(self) -> str:
+        left_out = "; point left out" if self.point is not None else ""
+        return f"warning: {self.file}: {self.message}{left_out}"
+
+
+class MalformedFile(ValueError):
+    """A run file that exists but does not follow the run-file contract: args (file, message)."""
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """One point's run files, read and checked."""
+    run_dir: str  # relative to the sweep dir ('.' for a single run dir)
+    overrides: list[str]
+    config: Mapping[str, Any]
+    summary: Mapping[str, Any]
+    env: Mapping[str, Any] | None
+    steps: list[dict]
+
+
+@dataclass
+class SweepFiles:
+    points: list[RunFiles]
+    overrides: dict[str, list[str]]  # of every run dir found, read or left out
+    problems: list[Problem] = field(default_factory=list)
+
+
+def read_sweep(sweep_dir: str | Path) -> SweepFiles:
+    """Every point of one sweep dir (its index.jsonl and its run dirs), or of a single run dir."""
+    sweep_dir = Path(sweep_dir)
+    problems: list[Problem] = []
+    listed = read_index(sweep_dir, problems)
+    overrides = {run_dir: listed[run_dir] if run_dir in listed else hydra_overrides(sweep_dir / run_dir)
+                 for run_dir in run_dirs(sweep_dir, listed, problems)}
+    points = [point for run_dir, point_overrides in overrides.items()
+              if (point := read_point(sweep_dir, run_dir, point_overrides, problems)) is not None]
+    return SweepFiles(points, overrides, problems)
+
+
+def read_point(sweep_dir: Path, run_dir: str, overrides: list[str], problems: list[Problem]) -> RunFiles | None:
+    path = sweep_dir / run_dir
+    try:
+        config = read_config(path / runfiles.CONFIG)
+        summary = read_summary(path / runfiles.SUMMARY)
+    except (OSError, MalformedFile) as error:
+        problems.append(Problem(_problem_file(error), _describe(error), point=str(path)))
+        return None
+    unknown_arm = arm_problem(config, path / runfiles.CONFIG)
+    if unknown_arm is not None:
+        problems.append(unknown_arm)
+    env = read_env(path / runfiles.ENV, problems)
+    steps = read_steps(path / runfiles.STEPS, summary.get("steps_completed"), problems)
+    return RunFiles(run_dir, overrides, config, summary, env, steps)
+
+
+# --- where the points are --------------------------------------------------------------------------------
+
+def inside(sweep_dir: Path, run_dir: str) -> bool:
+    """Whether a run dir named relative to the sweep dir stays inside it (links followed)."""
+    if Path(run_dir).is_absolute():
+        return False
+    return (sweep_dir / run_dir).resolve().is_relative_to(sweep_dir.resolve())
+
+
+def read_index(sweep_dir: Path, problems: list[Problem]) -> dict[str, list[str]]:
+    """run_dir -> overrides; the index may repeat a point (driver append + end-of-sweep callback). An entry whose
+    run_dir leaves the sweep dir is refused."""
+    index_file = sweep_dir / runfiles.INDEX
+    if not index_file.is_file():
+        return {}
+    listed: dict[str, list[str]] = {}
+    bad_lines, outside = [], []
+    for number, line in enumerate(index_file.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            run_dir, overrides = entry["run_dir"], [str(o) for o in entry.get("overrides") or []]
+            if not isinstance(run_dir, str):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            bad_lines.append(number)
+            continue
+        if not inside(sweep_dir, run_dir):
+            outside.append(number)
+            continue
+        listed[run_dir] = overrides
+    if bad_lines:
+        problems.append(Problem(str(index_file), f"unreadable line(s) {_numbers(bad_lines)}"))
+    if outside:
+        problems.append(Problem(str(index_file), f"line(s) {_numbers(outside)} name a run_dir outside the sweep "
+                                "dir; ignored"))
+    return listed
+
+
+def _numbers(numbers: list[int]) -> str:
+    return ", ".join(str(number) for number in numbers)
+
+
+def run_dirs(sweep_dir: Path, listed: Mapping[str, list[str]], problems: list[Problem]) -> list[str]:
+    """Run dirs named in the index plus those on disk (a point whose driver died never reached the index); a folder
+    that links out of the sweep dir is refused."""
+    if (sweep_dir / runfiles.CONFIG).is_file() or (sweep_dir / runfiles.SUMMARY).is_file():
+        return ["."]
+    on_disk = [
+        child.name for child in sorted(sweep_dir.iterdir())
+        if child.is_dir() and ((child / runfiles.CONFIG).exists() or (child / runfiles.SUMMARY).exists())
+    ] if sweep_dir.is_dir() else []
+    for name in [name for name in on_disk if not inside(sweep_dir, name)]:
+        problems.append(Problem(str(sweep_dir / name), "leads out of the sweep dir; ignored"))
+        on_disk.remove(name)
+    return list(dict.fromkeys([*listed, *on_disk]))
+
+
+def hydra_overrides(path: Path) -> list[str]:
+    """Overrides of a point missing from the index, from Hydra's own record when it is there."""
+    try:
+        overrides = yaml.safe_load((path / runfiles.OVERRIDES).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return []
+    return [str(override) for override in overrides] if isinstance(overrides, list) else []
+
+
+# --- each file -------------------------------------------------------------------------------------------
+
+def _problem_file(error: Exception) -> str:
+    return str(error.filename) if isinstance(error, OSError) else str(error.args[0])
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, FileNotFoundError):
+        return "missing"
+    if isinstance(error, OSError):
+        return f"unreadable ({error.strerror})"
+    return str(error.args[1])
+
+
+def read_config(config_file: Path) -> Mapping[str, Any]:
+    try:
+        config = yaml.safe_load(config_file.read_text())
+    except (ValueError, yaml.YAMLError) as error:
+        raise MalformedFile(str(config_file), f"not valid YAML ({type(error).__name__})") from error
+    if not isinstance(config, Mapping) or not isinstance(lookup(config, "arm.name", None), str) \
+            or not isinstance(lookup(config, "model.name", None), str):
+        raise MalformedFile(str(config_file), "not a resolved config (needs arm.name and model.name)")
+    return config
+
+
+def read_summary(summary_file: Path) -> Mapping[str, Any]:
+    try:
+        summary = json.loads(summary_file.read_text())
+    except ValueError as error:
+        raise MalformedFile(str(summary_file), "not valid JSON") from error
+    if not isinstance(summary, Mapping) or summary.get("status") not in STATUSES:
+        raise MalformedFile(str(summary_file), f"needs a status, one of {', '.join(STATUSES)}")
+    phases, final = summary.get("phases") or [], summary.get("final")
+    if not isinstance(phases, list) or not all(isinstance(phase, Mapping) for phase in phases) \
+            or not (final is None or isinstance(final, Mapping)):
+        raise MalformedFile(str(summary_file), "phases must be a list of objects and final an object or null")
+    blocks = [*phases, *([final] if final else []), {key: summary.get(key) for key in SUMMARY_NUMBERS}]
+    if not all(_numbers_only(block) for block in blocks):
+        raise MalformedFile(str(summary_file), f"phases, final and {', '.join(SUMMARY_NUMBERS)} must hold numbers")
+    return summary
+
+
+def _is_number_or_null(value: Any) -> bool:
+    return value is None or isinstance(value, (int, float))  # NaN too: a diverged loss is a result
+
+
+def _numbers_only(block: Mapping[str, Any]) -> bool:
+    """A stats block: numbers or null, lists of numbers (the steps it measured), or objects of numbers or null
+    (median, p25, ...)."""
+    return all(_is_number_or_null(value) or (isinstance(value, list) and all(map(_is_number_or_null, value)))
+               or (isinstance(value, Mapping) and all(map(_is_number_or_null, value.values())))
+               for value in block.values())
+
+
+def read_env(env_file: Path, problems: list[Problem]) -> Mapping[str, Any] | None:
+    try:
+        env = json.loads(env_file.read_text())
+        if not isinstance(env, Mapping):
+            raise ValueError
+    except FileNotFoundError:
+        problems.append(Problem(str(env_file), "missing; env columns left empty"))
+        return None
+    except (OSError, ValueError):
+        problems.append(Problem(str(env_file), "not a JSON object; env columns left empty"))
+        return None
+    return env
+
+
+def is_step_row(record: Any) -> bool:
+    """A steps.jsonl row: step, phase and phase_step counts, a step time, and numbers, true/false or null else."""
+    if not isinstance(record, dict) or any(name not in record for name in STEP_FIELDS):
+        return False
+    counts = (record["step"], record["phase"], record["phase_step"])
+    if not all(isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in counts):
+        return False
+    if not (is_finite_number(record["step_time_s"]) and record["step_time_s"] >= 0):
+        return False
+    return all(_is_number_or_null(value) for value in record.values())
+
+
+def read_steps(steps_file: Path, steps_completed: Any, problems: list[Problem]) -> list[dict]:
+    """The rows of steps.jsonl; a line that is no step row (torn, not JSON, wrong types) is skipped, and the file
+    named once."""
+    try:
+        lines = steps_file.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        if steps_completed:
+            problems.append(Problem(str(steps_file), "missing; no per-step series for this point"))
+        return []
+    except OSError as error:
+        problems.append(Problem(str(steps_file), f"unreadable ({error.strerror}); no per-step series for this point"))
+        return []
+    records, bad_lines = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if is_step_row(record):
+            records.append(record)
+        else:
+            bad_lines.append(number)
+    if bad_lines:
+        problems.append(Problem(str(steps_file), f"unreadable line(s) {_numbers(bad_lines)} skipped"))
+    return records
+
+
+def arm_problem(config: Mapping[str, Any], config_file: Path) -> Problem | None:
+    """One warning for a run dir whose arm.`_target_` names a class this checkout does not know: it is read as an
+    unknown arm (its name kept as a label), and nothing it names is imported."""
+    from harness import arms
+
+    arm = config.get("arm")
+    if not isinstance(arm, Mapping) or not arm.get(arms.TARGET):
+        return None
+    try:
+        arms.class_of(arm)
+    except ConfigError as error:
+        return Problem(str(config_file), f"{error.message}; read as an unknown arm")
+    return None
+
+
+def arm_class(config: Mapping[str, Any]):
+    """The known class of a point's arm, or None for an unknown arm (never imported)."""
+    from harness import arms
+
+    arm = config.get("arm")
+    try:
+        return arms.class_of(arm) if isinstance(arm, Mapping) else None
+    except ConfigError:
+        return None
