@@ -165,7 +165,7 @@ def test_ctrl_c_stops_every_rank_records_the_point_interrupted_and_ends_the_swee
 
 
 def test_sigterm_outside_slurm_records_the_point_ends_the_sweep_and_exits_143(tmp_path):
-    cmd = harness_cmd(tmp_path, "logger=none", "train.steps=100000", "train.repeat=0,1", multirun=True)
+    cmd = harness_cmd(tmp_path, "logger=none", "train.measure_steps=100000", "train.repeat=0,1", multirun=True)
     with open(tmp_path / "driver.out", "w") as out:
         driver = subprocess.Popen(cmd, cwd=tmp_path, env=driver_env(), stdout=out, stderr=subprocess.STDOUT)
     steps = wait_for_steps(driver, tmp_path, "sweep/0_*/steps.jsonl", 2)

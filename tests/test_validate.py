@@ -138,7 +138,7 @@ def test_a_refused_config_still_gets_its_summary():
 
 @pytest.mark.parametrize("overrides, key", [
     (["debug.fault=kill", "debug.fault_rank=1"], "debug.fault_rank"),  # one rank: rank 1 never exists
-    (["debug.fault=hang", "train.steps=4", "debug.fault_step=4"], "debug.fault_step"),  # steps 0-3
+    (["debug.fault=hang", "train.measure_steps=1", "debug.fault_step=4"], "debug.fault_step"),  # steps 0-3
     (["train.dtype=fp16"], "train.dtype"),  # on a CPU machine (gpu_count 0)
 ])
 def test_values_that_cannot_work_here_are_refused(overrides, key):
@@ -146,7 +146,7 @@ def test_values_that_cannot_work_here_are_refused(overrides, key):
 
 
 def test_a_fault_the_run_can_reach_and_fp16_on_a_gpu_pass():
-    validate(config("debug.fault=kill", "launcher.nproc_per_node=2", "debug.fault_rank=1", "train.steps=4",
+    validate(config("debug.fault=kill", "launcher.nproc_per_node=2", "debug.fault_rank=1", "train.measure_steps=1",
                     "debug.fault_step=3"), gpu_count=0)
     validate(config("debug.fault_rank=5"), gpu_count=0)  # no fault: the rank is never used
     validate(config("train.dtype=fp16"), gpu_count=1)
