@@ -59,17 +59,18 @@ def test_this_node_reads_the_slurm_job():
     assert alone.primary and alone.nnodes == 1 and alone.job_id is None
 
 
-def test_every_node_of_a_job_gets_the_same_rendezvous_on_the_first_host():
-    launcher = {"nproc_per_node": 8, "nnodes": 2, "rdzv_backend": "c10d", "rdzv_port": None,
+def test_every_node_of_a_job_meets_on_the_first_host_with_its_ranks_fixed_by_its_node_id():
+    launcher = {"nproc_per_node": 8, "nnodes": 2, "rdzv_backend": "static", "rdzv_port": None,
                 "rdzv_endpoint": None, "dist_timeout_min": 10}
     commands = []
     for node_rank in (0, 1):
         place = nodes.this_node(preview.job_environment(["gpu01", "gpu02"], node_rank, "123456"))
         commands.append(launch.torchrun_command(Path("RUN"), nodes.launcher_for_node(launcher, place)))
-    assert commands[0] == commands[1]
+    assert [word for word in commands[0] if word != "--node_rank=0"] == \
+        [word for word in commands[1] if word != "--node_rank=1"]  # node 1 holds ranks 8-15, whoever joins first
     assert "--rdzv_endpoint=gpu01:30956" in commands[0]  # 29500 + 123456 % 2000
-    assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=c10d", "--rdzv_id=123456",
-            "--rdzv_conf=join_timeout=600"} <= set(commands[0])
+    assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=static", "--rdzv_id=123456",
+            "--rdzv_conf=timeout=600"} <= set(commands[0])
     assert "--standalone" not in commands[0]
     pinned = nodes.launcher_for_node({**launcher, "rdzv_port": 4321}, place)
     assert pinned["rdzv_endpoint"] == "gpu01:4321"
@@ -84,16 +85,17 @@ def test_one_node_points_stay_standalone_or_take_a_free_localhost_port():
 
 
 @pytest.mark.parametrize("launcher,place,key", [
-    ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 1, ("h",)), "launcher.nnodes"),
-    ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 3, ("a", "b", "c"), job_id="5"), "launcher.nnodes"),
+    ({"nnodes": 2, "rdzv_backend": "static"}, nodes.NodePlace(0, 1, ("h",)), "launcher.nnodes"),
+    ({"nnodes": 2, "rdzv_backend": "static"}, nodes.NodePlace(0, 3, ("a", "b", "c"), job_id="5"), "launcher.nnodes"),
     ({"nnodes": 2, "rdzv_backend": None}, nodes.NodePlace(0, 2, ("a", "b"), job_id="5"), "launcher.rdzv_backend"),
-    ({"nnodes": 1, "rdzv_backend": "static"}, nodes.NodePlace(0, 1, ("h",)), "launcher.rdzv_backend"),
+    ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 2, ("a", "b"), job_id="5"), "launcher.rdzv_backend"),
+    ({"nnodes": 1, "rdzv_backend": "etcd"}, nodes.NodePlace(0, 1, ("h",)), "launcher.rdzv_backend"),
 ])
 def test_impossible_allocations_name_their_key(launcher, place, key):
     with pytest.raises(ConfigError) as err:
         nodes.check_allocation(launcher, place)
     assert err.value.key == key
-    nodes.check_allocation({**launcher, "nnodes": place.nnodes, "rdzv_backend": "c10d"},
+    nodes.check_allocation({**launcher, "nnodes": place.nnodes, "rdzv_backend": "static"},
                              nodes.NodePlace(0, place.nnodes, place.hosts, job_id="5"))
 
 
@@ -195,11 +197,12 @@ def test_readme_shows_the_generated_two_node_job(conf_copy, monkeypatch):
     assert "\n# setup\nsource .venv/bin/activate\n" in script
     assert re.search(r"^srun .* python -u -m submitit\.core\._submit multirun/pr8186_table/", script, re.M)
     node_lines = [line for line in node_part.splitlines() if line.startswith("PYTHONUNBUFFERED")]
-    assert len(node_lines) == 2 and node_lines[0] == node_lines[1]  # both nodes join the same rendezvous
+    assert len(node_lines) == 2  # both nodes join the same rendezvous, each with its own node rank
+    assert node_lines[0].replace("--node_rank=0", "--node_rank=1") == node_lines[1]
     words = shlex.split(node_lines[0])
     assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "DEEPSPEED_TIMEOUT=10",
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"} <= set(words)
-    assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=c10d", "--rdzv_endpoint=gpu01:30956"} <= set(words)
+    assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=static", "--rdzv_endpoint=gpu01:30956"} <= set(words)
     assert words[-3:] == ["-m", "harness.worker", "RUN_DIR"] and "worker.node1.log" in node_part
 
 

@@ -10,15 +10,19 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from harness import runfiles
+from harness import launch, runfiles
 from harness.cluster.nodes import NodePlace
+from harness.launch import LaunchResult
 
 # A stop signal this close to the job's end time is SLURM's time-limit warning (submitit asks for it
 # signal_delay_s = 120 s ahead; SLURM may send it up to 60 s early).
 TIME_LIMIT_WINDOW_S = 300
+# How long the node that records a failed multi-node point waits for the other nodes to report why they failed.
+PEER_REPORT_WAIT_S = 10
 
 
 # --- SLURM stops: time limit, preemption, requeue ----------------------------------------------------
@@ -51,6 +55,32 @@ def requeue_job(place: NodePlace) -> bool:
 
 def node_failure_path(run_dir: Path, node_rank: int) -> Path:
     return Path(run_dir) / runfiles.node_failure(node_rank)
+
+
+def report_failure(result: LaunchResult, run_dir: Path, place: NodePlace, log_name: str,
+                   peers: Callable[[], str | None] | None) -> None:
+    """What this node's failed launch leaves for the point's record: an error file for each of its ranks a
+    signal killed; on a multi-node point, its failure (the other nodes stop at once) and, on node 0, the failure
+    another node reports (in `result.peer_failure`) when no rank of node 0 was killed: the cause may be there."""
+    if result.returncode == 0 or result.stopped_as or result.timed_out:
+        return
+    died = not result.stalled  # else the harness stopped the ranks
+    if died:
+        launch.record_killed_ranks(run_dir, log_name, f"node {place.node_rank} ({socket.gethostname()})")
+    if peers is None or result.peer_failure:
+        return
+    write_node_failure(run_dir, place, result.returncode)
+    if died and place.primary and not launch.killed_ranks(run_dir / log_name):
+        result.peer_failure = await_peer_failure(peers)
+
+
+def await_peer_failure(watch: Callable[[], str | None], seconds: float = PEER_REPORT_WAIT_S) -> str | None:
+    """After this node's own ranks failed: the first failure another node reports within `seconds`, or None.
+    Their ranks fail too once ours do; a rank of theirs that a signal killed may be the cause of it all."""
+    deadline = time.monotonic() + seconds
+    while (failure := watch()) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return failure
 
 
 def write_node_failure(run_dir: Path, place: NodePlace, returncode: int | None) -> None:
