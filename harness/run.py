@@ -97,9 +97,10 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
     multinode, log_name = launcher["nnodes"] > 1, runfiles.node_log(place.node_rank)
     stall = progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None
     peers = stops.peer_failure_watch(run_dir, place) if multinode else None
+    end_time = stops.job_end_time(place)
     result = launch.run_workers(
         cmd, worker_env, run_dir, launcher["timeout_s"], log_name=log_name, stop_signals=stops.stop_signals(),
-        name_stop=lambda signum: stops.stop_status(signum, place, time.time()), peer_failure=peers, stall=stall)
+        name_stop=lambda signum: stops.stop_status(signum, end_time, time.time()), peer_failure=peers, stall=stall)
     stops.report_failure(result, run_dir, place, log_name, peers)
     rows = read_jsonl(run_dir / runfiles.STEPS)
     status, reason = launch.classify(result, run_dir, len(rows), steps)
@@ -178,7 +179,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, multiru
         mirror_to_wandb(run_dir, config["logger"], config, read_jsonl(run_dir / runfiles.STEPS), summary, env,
                         group=config["sweep"]["name"])
     print_phase_table(summary)
-    if summary["status"] == "preempted" and config["launcher"].get("requeue") and stops.requeue_job(place):
+    if summary["status"] == "preempted" and stops.requeue_preempted(place, config["launcher"].get("requeue")):
         sys.exit(os.EX_TEMPFAIL)  # SLURM runs the job again; submitit waits for it instead of a result
     return summary["status"]
 

@@ -101,14 +101,21 @@ def test_impossible_allocations_name_their_key(launcher, place, key):
 
 # --- stops, requeue, dead peers -------------------------------------------------------------------------
 
-def test_stop_signal_is_timeout_near_the_time_limit_else_preemption():
-    near = nodes.NodePlace(0, 1, ("h",), job_id="1", end_time=1000.0)
-    assert stops.stop_status(signal.SIGTERM, near, now=1000.0 - 100) == "timeout"
-    assert stops.stop_status(signal.SIGUSR2, near, now=1000.0 - 3600) == "preempted"
-    unknown = nodes.NodePlace(0, 1, ("h",), job_id="1")
-    assert stops.stop_status(signal.SIGUSR2, unknown, now=0) == "timeout"  # submitit's time-limit warning
-    assert stops.stop_status(signal.SIGTERM, unknown, now=0) == "preempted"
+def test_sigterm_is_timeout_at_the_time_limit_else_preemption_and_the_warning_is_always_timeout():
+    end = 1000.0
+    assert stops.stop_status(signal.SIGTERM, end, now=end + 26) == "timeout"  # SLURM enforces the limit late
+    assert stops.stop_status(signal.SIGTERM, end, now=end - 5) == "timeout"  # another node's clock
+    assert stops.stop_status(signal.SIGTERM, end, now=end - 100) == "preempted"
+    assert stops.stop_status(signal.SIGTERM, None, now=0) == "preempted"  # no limit known
+    assert stops.stop_status(signal.SIGUSR2, end, now=end - 150) == "timeout"  # submitit's time-limit warning
+    assert stops.stop_status(signal.SIGUSR2, None, now=0) == "timeout"
     assert stops.stop_signals({"SUBMITIT_PREEMPT_SIGNAL": "USR1"}) == (signal.SIGTERM, signal.SIGUSR1)
+
+
+def test_the_end_time_comes_from_the_environment_where_slurm_sets_it():
+    place = nodes.this_node({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "h", "SLURM_JOB_END_TIME": "1700000000"})
+    assert stops.job_end_time(place) == 1.7e9
+    assert stops.job_end_time(nodes.NodePlace(0, 1, ("h",))) is None  # not a SLURM job
 
 
 def signal_once_handled(signum: int) -> None:
