@@ -151,6 +151,18 @@ def test_a_failed_peer_node_ends_this_node_as_died_at_once(tmp_path):
     assert status == "died" and reason.startswith("node 1 (") and "exit code -9" in reason
 
 
+def test_jobs_are_submitted_requeue_or_no_requeue_as_launcher_requeue_says():
+    from harness.cluster import launcher
+
+    site = {"submitit_folder": "F/%j", "max_num_timeout": 0, "timeout_min": 60, "partition": "gpu",
+            "additional_parameters": {"mail-type": "END"}}
+    kept, dropped = (launcher.executor_parameters(site, requeue) for requeue in (True, False))
+    assert kept["slurm_additional_parameters"] == {"mail-type": "END", "requeue": True}
+    assert dropped["slurm_additional_parameters"] == {"mail-type": "END", "no-requeue": True}
+    assert (kept["timeout_min"], kept["slurm_partition"]) == (60, "gpu")  # submitit's shared and SLURM-only names
+    assert "submitit_folder" not in kept and "slurm_max_num_timeout" not in kept  # the executor's own arguments
+
+
 # --- configs: launchers and the untracked site config --------------------------------------------------
 
 @pytest.fixture
@@ -164,7 +176,8 @@ def conf_copy(tmp_path, monkeypatch):
 
 def test_slurm_launcher_composes_without_and_with_a_site_config(conf_copy):
     cfg = compose.compose_point(["launcher=slurm", "launcher.nnodes=2"], with_hydra=True)
-    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher") and cfg.hydra.launcher.partition is None
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.harness_launcher.SlurmLauncher"
+    assert cfg.hydra.launcher.partition is None
     assert (cfg.hydra.launcher.nodes, cfg.hydra.launcher.gpus_per_node, cfg.hydra.launcher.tasks_per_node) == (2, 8, 1)
     (conf_copy / "local").mkdir()
     (conf_copy / "local" / "default.yaml").write_text(
@@ -199,7 +212,7 @@ def test_readme_shows_the_generated_two_node_job(conf_copy, monkeypatch):
     assert timestamp.sub("TIME", generated).strip() == timestamp.sub("TIME", shown).strip()
     script, node_part = generated.split("\n\n# the driver of point 0")
     for flag in ("--nodes=2", "--gpus-per-node=8", "--ntasks-per-node=1", "--signal=USR2@120", "--time=90",
-                 "--partition=gpu", "--account=my_account", "--cpus-per-task=96", "--mem=512GB"):
+                 "--partition=gpu", "--account=my_account", "--cpus-per-task=96", "--mem=512GB", "--no-requeue"):
         assert f"#SBATCH {flag}\n" in script
     assert "\n# setup\nsource .venv/bin/activate\n" in script
     assert re.search(r"^srun .* python -u -m submitit\.core\._submit multirun/pr8186_table/", script, re.M)
