@@ -9,6 +9,8 @@ and task/none. It needs root and Debian's packages, installed with apt-get where
 
     python tests/slurm_cluster.py up DIR      # start it; prints the `export SLURM_CONF=...` to use it
     python tests/slurm_cluster.py down DIR    # cancel every job and stop every daemon
+
+A guard process stops the cluster should the process that started it end without doing so (killed, say).
 """
 from __future__ import annotations
 
@@ -39,7 +41,11 @@ STOP_TIMEOUT_S = 30
 
 
 class ClusterUnavailable(RuntimeError):
-    """SLURM cannot run here (one line saying why)."""
+    """SLURM cannot be had here (one line saying why): the tests that need it are skipped."""
+
+
+class ClusterFailed(RuntimeError):
+    """SLURM is here but its cluster did not come up: an error, not a skip."""
 
 
 # --- packages ---------------------------------------------------------------------------------------------
@@ -176,7 +182,8 @@ class Cluster:
 
     # -- start
 
-    def start(self) -> "Cluster":
+    def start(self, guarded: bool = True) -> "Cluster":
+        """Start every daemon; `guarded`: stop them too once this process is gone."""
         install_packages()
         if os.geteuid() != 0:
             raise ClusterUnavailable("SLURM's daemons run as root here, and this is not root")
@@ -187,6 +194,8 @@ class Cluster:
         self._write_configs(ports)
         add_host_names(self.root)
         try:
+            if guarded:
+                self._guard()
             self._start_daemons(ports)
             self.wait_for_idle_nodes()
         except BaseException:
@@ -223,6 +232,12 @@ class Cluster:
         for name in NODES:
             self._daemon(f"slurmd.{name}", ["slurmd", "-D", "-N", name, "-f", conf])
 
+    def _guard(self) -> None:
+        """A process that stops the cluster once this one is gone, however it ended."""
+        owner = psutil.Process()
+        self._daemon("guard", [sys.executable, str(Path(__file__).resolve()), "guard", str(self.root),
+                               str(owner.pid), repr(owner.create_time())])
+
     def start_accounting(self) -> None:
         self._daemon("slurmdbd", ["slurmdbd", "-D"])
         self._until(lambda: port_open(int(self._conf_value("AccountingStoragePort"))), "slurmdbd's port")
@@ -254,15 +269,15 @@ class Cluster:
         while not ready():
             dead = [name for name, p in self.daemons.items() if not alive(p)]
             if dead:
-                raise ClusterUnavailable(f"{dead[0]} exited while waiting for {what} (see {self.root}/log/)")
+                raise ClusterFailed(f"{dead[0]} exited while waiting for {what} (see {self.root}/log/)")
             if time.monotonic() > deadline:
-                raise ClusterUnavailable(f"no {what} after {timeout_s:.0f} s (see {self.root}/log/)")
+                raise ClusterFailed(f"no {what} after {timeout_s:.0f} s (see {self.root}/log/)")
             time.sleep(0.2)
 
     def _run(self, cmd: list[str]) -> None:
         out = subprocess.run(cmd, env=self.env, capture_output=True, text=True)
         if out.returncode != 0:
-            raise ClusterUnavailable(f"{cmd[0]} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+            raise ClusterFailed(f"{cmd[0]} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
 
     def _conf_value(self, key: str) -> str:
         for line in (self.root / "slurm.conf").read_text().splitlines():
@@ -291,21 +306,43 @@ class Cluster:
                 cluster.daemons[name] = process
         return cluster
 
+    def cancel_all_jobs(self) -> None:
+        """Cancel every job and wait (bounded) until the nodes have ended their steps."""
+        jobs = self.slurm(["squeue", "-h", "-o", "%A"]).stdout.split()
+        if jobs:
+            self.slurm(["scancel", "--full", "--quiet", *jobs])
+        deadline = time.monotonic() + STOP_TIMEOUT_S + KILL_WAIT_S
+        while self.slurm(["squeue", "-h", "-o", "%A"]).stdout.split() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
     def stop(self) -> None:
         """Cancel every job, let the nodes end their steps, then stop the daemons by pid (nodes first)."""
         if "slurmctld" in self.daemons and alive(self.daemons["slurmctld"]):
-            jobs = self.slurm(["squeue", "-h", "-o", "%A"]).stdout.split()
-            if jobs:
-                self.slurm(["scancel", "--full", "--quiet", *jobs])
-            deadline = time.monotonic() + STOP_TIMEOUT_S + KILL_WAIT_S
-            while self.slurm(["squeue", "-h", "-o", "%A"]).stdout.split() and time.monotonic() < deadline:
-                time.sleep(0.5)
-        order = [n for n in self.daemons if n.startswith("slurmd.")] + ["slurmctld", "slurmdbd", "mariadbd", "munged"]
+            self.cancel_all_jobs()
+        order = ["guard", *(n for n in self.daemons if n.startswith("slurmd.")), "slurmctld", "slurmdbd", "mariadbd",
+                 "munged"]
         for name in order:
             if name in self.daemons:
                 stop_process(self.daemons.pop(name))
+        for process in self.strays():  # a job step that outlived its node's slurmd
+            stop_process(process)
         self._save_daemons()
         remove_host_names(self.root)
+
+    def strays(self) -> list[psutil.Process]:
+        """Processes of this cluster still running: its jobs' (their environment names its slurm.conf and a job)
+        and its slurmstepd (which write to its nodes' logs)."""
+        mine = {psutil.Process().pid, *(p.pid for p in psutil.Process().parents())}
+        return [process for process in psutil.process_iter() if process.pid not in mine and self._owns(process)]
+
+    def _owns(self, process: psutil.Process) -> bool:
+        try:
+            env = process.environ()
+            if env.get("SLURM_CONF") == self.env["SLURM_CONF"] and "SLURM_JOB_ID" in env:
+                return True
+            return any(Path(f.path).is_relative_to(self.root / "log") for f in process.open_files())
+        except psutil.Error:
+            return False
 
 
 def alive(process: psutil.Process) -> bool:
@@ -346,7 +383,23 @@ def remove_host_names(root: Path) -> None:
     hosts.write_text("".join(line for line in lines if f"{HOSTS_MARK} {root}" not in line))  # in place: may be a mount
 
 
+def guard(root: Path, owner_pid: int, owner_created: float) -> None:
+    """Wait for the cluster's owner to end, then stop the cluster (unless the owner stopped it)."""
+    try:
+        owner = psutil.Process(owner_pid)
+        while alive(owner) and abs(owner.create_time() - owner_created) < 1:
+            time.sleep(1)
+    except psutil.Error:
+        pass
+    cluster = Cluster.attach(root)
+    cluster.daemons.pop("guard", None)
+    cluster.stop()
+
+
 def main(argv: list[str]) -> None:
+    if len(argv) == 4 and argv[0] == "guard":
+        guard(Path(argv[1]), int(argv[2]), float(argv[3]))
+        return
     if len(argv) != 2 or argv[0] not in ("up", "down"):
         sys.exit("usage: python tests/slurm_cluster.py up|down DIR")
     root = Path(argv[1]).resolve()
@@ -355,8 +408,8 @@ def main(argv: list[str]) -> None:
         return
     root.mkdir(parents=True, exist_ok=True)
     try:
-        cluster = Cluster(root).start()
-    except ClusterUnavailable as error:
+        cluster = Cluster(root).start(guarded=False)  # `down` stops it
+    except (ClusterUnavailable, ClusterFailed) as error:
         sys.exit(f"slurm cluster: {error}")
     print(f"export SLURM_CONF={cluster.env['SLURM_CONF']}")
 
