@@ -1,5 +1,6 @@
 """Cluster scale without a cluster: SLURM's environment faked, submitit's local executor, torchrun's c10d
 rendezvous on localhost, two drivers as the two nodes of one point, and the sbatch script."""
+import itertools
 import json
 import os
 import re
@@ -161,6 +162,27 @@ def test_jobs_are_submitted_requeue_or_no_requeue_as_launcher_requeue_says():
     assert dropped["slurm_additional_parameters"] == {"mail-type": "END", "no-requeue": True}
     assert (kept["timeout_min"], kept["slurm_partition"]) == (60, "gpu")  # submitit's shared and SLURM-only names
     assert "submitit_folder" not in kept and "slurm_max_num_timeout" not in kept  # the executor's own arguments
+
+
+def test_a_job_is_waited_for_until_slurm_says_it_ended_and_again_once_slurm_requeues_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from harness.cluster import launcher
+
+    answers = itertools.chain([{"JobState": "RUNNING"}, {"JobState": "NODE_FAIL"}, {"JobState": "PENDING"}, None,
+                               {"JobState": "CANCELLED"}], itertools.repeat({}))  # None: no answer; {}: forgotten
+    asked = []
+    monkeypatch.setattr(launcher.stops, "slurm_job_fields", lambda job_id: asked.append(job_id) or next(answers))
+    monkeypatch.setattr(launcher, "STATE_POLL_S", 0.01)
+    monkeypatch.setattr(launcher, "RESULT_POLL_S", 0.01)
+    monkeypatch.setattr(launcher, "RESULT_GRACE_S", 0.03)
+    ran = SimpleNamespace(result_pickle=tmp_path / "result.pkl", stdout=tmp_path / "log.out")
+    ran.stdout.touch()
+    assert launcher.wait_for_job(ran, "7_1") == "no longer listed by SLURM"  # NODE_FAIL then requeued: not the end
+    assert len(asked) >= 6
+    asked.clear()
+    ran.result_pickle.touch()
+    assert launcher.wait_for_job(ran, "7_1") is None and not asked  # a result: SLURM is not asked
 
 
 # --- configs: launchers and the untracked site config --------------------------------------------------

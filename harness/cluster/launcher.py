@@ -107,13 +107,16 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
 
 def wait_for_job(paths, job_id: str) -> str | None:
-    """Wait until the job's task (submitit's JobPaths) has a result file (None), or SLURM says the job ended and
-    none came within RESULT_GRACE_S, or at once for a job that never started (no log): then SLURM's state for it."""
+    """Wait until the job's task (submitit's JobPaths) has a result file (None), or SLURM has said for
+    RESULT_GRACE_S that the job ended and no result came, or at once for a job that never started (no log):
+    then SLURM's state for it. A job SLURM puts back in the queue meanwhile is waited for again."""
     ended_as, ended_at, next_ask = None, 0.0, 0.0
     while not paths.result_pickle.exists():
         now = time.monotonic()
-        if ended_as is None and now >= next_ask:
-            ended_as, ended_at, next_ask = ended_state(job_id), now, now + STATE_POLL_S
+        if now >= next_ask:
+            state, next_ask = ended_state(job_id), now + STATE_POLL_S
+            ended_at = now if ended_as is None else ended_at
+            ended_as = state
         if ended_as is not None and (now - ended_at >= RESULT_GRACE_S or not paths.stdout.exists()):
             return ended_as
         time.sleep(RESULT_POLL_S)
