@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -25,6 +26,9 @@ STATUSES = ("ok", "oom", "died", "timeout", "preempted", "interrupted", "skipped
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
 _KILL_GRACE_S = 10
 _POLL_S = 1.0  # how often the launch loop checks the timeout and the point's other nodes
+# After another node failed, how long this node's torchrun may take to end on its own before it is stopped: a rank
+# of this node killed by a signal may be what failed the other node, and torchrun reports it as it ends.
+_PEER_GRACE_S = 3.0
 
 
 @dataclass
@@ -39,17 +43,20 @@ class LaunchResult:
 
 
 def torchrun_command(run_dir: Path, launcher: dict[str, Any]) -> list[str]:
-    """torchrun for one point: standalone on one node, else c10d rendezvous at launcher.rdzv_endpoint."""
+    """torchrun for one point: standalone on one node, else a rendezvous at launcher.rdzv_endpoint: c10d (ranks
+    by join order) or static (this node's ranks fixed by launcher.node_rank)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={launcher['nproc_per_node']}",
            "--max_restarts=0", "--monitor_interval=1"]
-    nnodes = launcher.get("nnodes", 1)
+    nnodes, backend = launcher.get("nnodes", 1), launcher.get("rdzv_backend") or "c10d"
     if nnodes == 1 and not launcher.get("rdzv_endpoint"):
-        cmd.append("--standalone")
-    else:
-        cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={launcher['rdzv_endpoint']}",
-                f"--rdzv_id={launcher.get('rdzv_id', 'harness')}"]
-        if launcher.get("dist_timeout_min"):  # a node that never joins fails the point, like a hung collective
-            cmd.append(f"--rdzv_conf=join_timeout={int(launcher['dist_timeout_min'] * 60)}")
+        return cmd + ["--standalone", "-m", "harness.worker", str(run_dir)]
+    cmd += [f"--nnodes={nnodes}", f"--rdzv_backend={backend}", f"--rdzv_endpoint={launcher['rdzv_endpoint']}",
+            f"--rdzv_id={launcher.get('rdzv_id', 'harness')}"]
+    if backend == "static":
+        cmd.append(f"--node_rank={launcher.get('node_rank', 0)}")
+    if launcher.get("dist_timeout_min"):  # a node that never joins fails the point, like a hung collective
+        timeout_key = "timeout" if backend == "static" else "join_timeout"
+        cmd.append(f"--rdzv_conf={timeout_key}={int(launcher['dist_timeout_min'] * 60)}")
     return cmd + ["-m", "harness.worker", str(run_dir)]
 
 
@@ -123,6 +130,8 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
             timed_out = time.monotonic() - start >= timeout_s
             failed_peer = None if timed_out or peer_failure is None else peer_failure()
             stalled = None if timed_out or failed_peer or stall is None else stall()
+            if failed_peer:
+                _wait_quietly(proc, _PEER_GRACE_S)
             if timed_out or failed_peer or stalled:
                 break
             try:
@@ -137,6 +146,13 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
         pump.join(timeout=5)
     return LaunchResult(proc.returncode, timed_out and not stop, time.monotonic() - start,
                         stop.get("status"), stop.get("signal"), failed_peer, None if stop else stalled)
+
+
+def _wait_quietly(proc: subprocess.Popen, seconds: float) -> None:
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _install_handlers(signums: tuple[int, ...], handler) -> dict[int, Any]:
@@ -211,8 +227,35 @@ def rank_errors(run_dir: Path) -> list[dict]:
     return errors
 
 
+# One entry of torchrun's failure report (its ChildFailedError): the global rank, then its exit code (-N: signal N).
+_TORCHRUN_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+
+
+def killed_ranks(log_path: Path) -> dict[int, str]:
+    """The ranks that torchrun's failure report in this node's log says a signal killed: {global rank: signal
+    name}. SIGTERM is left out: torchrun, the harness and SLURM stop ranks with it, so it names no cause."""
+    if not log_path.exists():
+        return {}
+    killed = {}
+    for rank, exitcode in _TORCHRUN_FAILURE.findall(log_path.read_text(errors="replace")):
+        signum = -int(exitcode)
+        if signum > 0 and signum != signal.SIGTERM:
+            killed[int(rank)] = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+    return killed
+
+
+def record_killed_ranks(run_dir: Path, log_name: str, node: str) -> None:
+    """A rank killed by a signal writes no error file: its node's driver writes one from torchrun's report
+    (`node` says where, e.g. "node 1 (gpu02)"), so the node that records the point sees the cause too."""
+    for rank, name in killed_ranks(run_dir / log_name).items():
+        path = run_dir / runfiles.rank_error(rank)
+        if not path.exists():
+            runfiles.write_json(path, {"kind": "killed", "rank": rank, "message": f"killed by {name} on {node}"})
+
+
 def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wanted: int) -> tuple[str, str | None]:
-    """(status, reason) of a finished launch."""
+    """(status, reason) of a finished launch. Of a point that died, the cause: a rank a signal killed (the others'
+    errors, a dead peer's "connection reset", follow from it), else another node's failure, else a rank's error."""
     if result.stopped_as:
         return result.stopped_as, f"{result.stop_signal} after {steps_completed} of {steps_wanted} steps"
     if result.timed_out:
@@ -225,6 +268,9 @@ def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wa
         return "oom", f"rank {ooms[0].get('rank')}{_where(ooms[0])}: {ooms[0]['message']}"
     if result.returncode == 0 and steps_completed == steps_wanted:
         return "ok", None
+    killed = [e for e in errors if e["kind"] == "killed"]
+    if killed:
+        return "died", f"rank {killed[0]['rank']}: {killed[0]['message']}"
     if result.peer_failure:  # the cause; this node's rank errors are its symptoms
         return "died", result.peer_failure
     if errors:

@@ -114,14 +114,14 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
 
     cmd, worker_env = nodes.node_command(config, run_dir, place)
     launcher, steps = config["launcher"], config["train"]["steps"]
-    multinode = launcher["nnodes"] > 1
+    multinode, log_name = launcher["nnodes"] > 1, runfiles.node_log(place.node_rank)
     stall = progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None
+    peers = stops.peer_failure_watch(run_dir, place) if multinode else None
+    end_time = stops.job_end_time(place)
     result = launch.run_workers(
-        cmd, worker_env, run_dir, launcher["timeout_s"], log_name=runfiles.node_log(place.node_rank),
-        stop_signals=stops.stop_signals(), name_stop=lambda signum: stops.stop_status(signum, place, time.time()),
-        peer_failure=stops.peer_failure_watch(run_dir, place) if multinode else None, stall=stall)
-    if multinode and result.returncode != 0 and not (result.peer_failure or result.stopped_as or result.timed_out):
-        stops.write_node_failure(run_dir, place, result.returncode)  # the other nodes stop at once
+        cmd, worker_env, run_dir, launcher["timeout_s"], log_name=log_name, stop_signals=stops.stop_signals(),
+        name_stop=lambda signum: stops.stop_status(signum, end_time, time.time()), peer_failure=peers, stall=stall)
+    stops.report_failure(result, run_dir, place, log_name, peers)
     rows = read_jsonl(run_dir / runfiles.STEPS)
     status, reason = launch.classify(result, run_dir, len(rows), steps)
     facts_path = run_dir / runfiles.WORKER
@@ -222,8 +222,8 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     if config["logger"]["name"] == "wandb":
         mirror_point(run_dir, config, summary)
     print_phase_table(summary)
-    if summary["status"] == "preempted" and config["launcher"].get("requeue") and stops.requeue_job(place):
-        sys.exit(exits.REQUEUED)
+    if summary["status"] == "preempted" and stops.requeue_preempted(place, config["launcher"].get("requeue")):
+        sys.exit(exits.REQUEUED)  # SLURM runs the job again; submitit waits for it instead of a result
     return summary["status"]
 
 

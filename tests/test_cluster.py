@@ -1,5 +1,6 @@
 """Cluster scale without a cluster: SLURM's environment faked, submitit's local executor, torchrun's c10d
 rendezvous on localhost, two drivers as the two nodes of one point, and the sbatch script."""
+import itertools
 import json
 import os
 import re
@@ -59,17 +60,18 @@ def test_this_node_reads_the_slurm_job():
     assert alone.primary and alone.nnodes == 1 and alone.job_id is None
 
 
-def test_every_node_of_a_job_gets_the_same_rendezvous_on_the_first_host():
-    launcher = {"nproc_per_node": 8, "nnodes": 2, "rdzv_backend": "c10d", "rdzv_port": None,
+def test_every_node_of_a_job_meets_on_the_first_host_with_its_ranks_fixed_by_its_node_id():
+    launcher = {"nproc_per_node": 8, "nnodes": 2, "rdzv_backend": "static", "rdzv_port": None,
                 "rdzv_endpoint": None, "dist_timeout_min": 10}
     commands = []
     for node_rank in (0, 1):
         place = nodes.this_node(preview.job_environment(["gpu01", "gpu02"], node_rank, "123456"))
         commands.append(launch.torchrun_command(Path("RUN"), nodes.launcher_for_node(launcher, place)))
-    assert commands[0] == commands[1]
+    assert [word for word in commands[0] if word != "--node_rank=0"] == \
+        [word for word in commands[1] if word != "--node_rank=1"]  # node 1 holds ranks 8-15, whoever joins first
     assert "--rdzv_endpoint=gpu01:30956" in commands[0]  # 29500 + 123456 % 2000
-    assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=c10d", "--rdzv_id=123456",
-            "--rdzv_conf=join_timeout=600"} <= set(commands[0])
+    assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=static", "--rdzv_id=123456",
+            "--rdzv_conf=timeout=600"} <= set(commands[0])
     assert "--standalone" not in commands[0]
     pinned = nodes.launcher_for_node({**launcher, "rdzv_port": 4321}, place)
     assert pinned["rdzv_endpoint"] == "gpu01:4321"
@@ -84,29 +86,37 @@ def test_one_node_points_stay_standalone_or_take_a_free_localhost_port():
 
 
 @pytest.mark.parametrize("launcher,place,key", [
-    ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 1, ("h",)), "launcher.nnodes"),
-    ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 3, ("a", "b", "c"), job_id="5"), "launcher.nnodes"),
+    ({"nnodes": 2, "rdzv_backend": "static"}, nodes.NodePlace(0, 1, ("h",)), "launcher.nnodes"),
+    ({"nnodes": 2, "rdzv_backend": "static"}, nodes.NodePlace(0, 3, ("a", "b", "c"), job_id="5"), "launcher.nnodes"),
     ({"nnodes": 2, "rdzv_backend": None}, nodes.NodePlace(0, 2, ("a", "b"), job_id="5"), "launcher.rdzv_backend"),
-    ({"nnodes": 1, "rdzv_backend": "static"}, nodes.NodePlace(0, 1, ("h",)), "launcher.rdzv_backend"),
+    ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 2, ("a", "b"), job_id="5"), "launcher.rdzv_backend"),
+    ({"nnodes": 1, "rdzv_backend": "etcd"}, nodes.NodePlace(0, 1, ("h",)), "launcher.rdzv_backend"),
 ])
 def test_impossible_allocations_name_their_key(launcher, place, key):
     with pytest.raises(ConfigError) as err:
         nodes.check_allocation(launcher, place)
     assert err.value.key == key
-    nodes.check_allocation({**launcher, "nnodes": place.nnodes, "rdzv_backend": "c10d"},
+    nodes.check_allocation({**launcher, "nnodes": place.nnodes, "rdzv_backend": "static"},
                              nodes.NodePlace(0, place.nnodes, place.hosts, job_id="5"))
 
 
 # --- stops, requeue, dead peers -------------------------------------------------------------------------
 
-def test_stop_signal_is_timeout_near_the_time_limit_else_preemption():
-    near = nodes.NodePlace(0, 1, ("h",), job_id="1", end_time=1000.0)
-    assert stops.stop_status(signal.SIGTERM, near, now=1000.0 - 100) == "timeout"
-    assert stops.stop_status(signal.SIGUSR2, near, now=1000.0 - 3600) == "preempted"
-    unknown = nodes.NodePlace(0, 1, ("h",), job_id="1")
-    assert stops.stop_status(signal.SIGUSR2, unknown, now=0) == "timeout"  # submitit's time-limit warning
-    assert stops.stop_status(signal.SIGTERM, unknown, now=0) == "preempted"
+def test_sigterm_is_timeout_at_the_time_limit_else_preemption_and_the_warning_is_always_timeout():
+    end = 1000.0
+    assert stops.stop_status(signal.SIGTERM, end, now=end + 26) == "timeout"  # SLURM enforces the limit late
+    assert stops.stop_status(signal.SIGTERM, end, now=end - 5) == "timeout"  # another node's clock
+    assert stops.stop_status(signal.SIGTERM, end, now=end - 100) == "preempted"
+    assert stops.stop_status(signal.SIGTERM, None, now=0) == "preempted"  # no limit known
+    assert stops.stop_status(signal.SIGUSR2, end, now=end - 150) == "timeout"  # submitit's time-limit warning
+    assert stops.stop_status(signal.SIGUSR2, None, now=0) == "timeout"
     assert stops.stop_signals({"SUBMITIT_PREEMPT_SIGNAL": "USR1"}) == (signal.SIGTERM, signal.SIGUSR1)
+
+
+def test_the_end_time_comes_from_the_environment_where_slurm_sets_it():
+    place = nodes.this_node({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "h", "SLURM_JOB_END_TIME": "1700000000"})
+    assert stops.job_end_time(place) == 1.7e9
+    assert stops.job_end_time(nodes.NodePlace(0, 1, ("h",))) is None  # not a SLURM job
 
 
 def signal_once_handled(signum: int) -> None:
@@ -142,6 +152,39 @@ def test_a_failed_peer_node_ends_this_node_as_died_at_once(tmp_path):
     assert status == "died" and reason.startswith("node 1 (") and "exit code -9" in reason
 
 
+def test_jobs_are_submitted_requeue_or_no_requeue_as_launcher_requeue_says():
+    from harness.cluster import launcher
+
+    site = {"submitit_folder": "F/%j", "max_num_timeout": 0, "timeout_min": 60, "partition": "gpu",
+            "additional_parameters": {"mail-type": "END"}}
+    kept, dropped = (launcher.executor_parameters(site, requeue) for requeue in (True, False))
+    assert kept["slurm_additional_parameters"] == {"mail-type": "END", "requeue": True}
+    assert dropped["slurm_additional_parameters"] == {"mail-type": "END", "no-requeue": True}
+    assert (kept["timeout_min"], kept["slurm_partition"]) == (60, "gpu")  # submitit's shared and SLURM-only names
+    assert "submitit_folder" not in kept and "slurm_max_num_timeout" not in kept  # the executor's own arguments
+
+
+def test_a_job_is_waited_for_until_slurm_says_it_ended_and_again_once_slurm_requeues_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from harness.cluster import launcher
+
+    answers = itertools.chain([{"JobState": "RUNNING"}, {"JobState": "NODE_FAIL"}, {"JobState": "PENDING"}, None,
+                               {"JobState": "CANCELLED"}], itertools.repeat({}))  # None: no answer; {}: forgotten
+    asked = []
+    monkeypatch.setattr(launcher.stops, "slurm_job_fields", lambda job_id: asked.append(job_id) or next(answers))
+    monkeypatch.setattr(launcher, "STATE_POLL_S", 0.01)
+    monkeypatch.setattr(launcher, "RESULT_POLL_S", 0.01)
+    monkeypatch.setattr(launcher, "RESULT_GRACE_S", 0.03)
+    ran = SimpleNamespace(result_pickle=tmp_path / "result.pkl", stdout=tmp_path / "log.out")
+    ran.stdout.touch()
+    assert launcher.wait_for_job(ran, "7_1") == "no longer listed by SLURM"  # NODE_FAIL then requeued: not the end
+    assert len(asked) >= 6
+    asked.clear()
+    ran.result_pickle.touch()
+    assert launcher.wait_for_job(ran, "7_1") is None and not asked  # a result: SLURM is not asked
+
+
 # --- configs: launchers and the untracked site config --------------------------------------------------
 
 @pytest.fixture
@@ -155,7 +198,8 @@ def conf_copy(tmp_path, monkeypatch):
 
 def test_slurm_launcher_composes_without_and_with_a_site_config(conf_copy):
     cfg = compose.compose_point(["launcher=slurm", "launcher.nnodes=2"], with_hydra=True)
-    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher") and cfg.hydra.launcher.partition is None
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.harness_launcher.SlurmLauncher"
+    assert cfg.hydra.launcher.partition is None
     assert (cfg.hydra.launcher.nodes, cfg.hydra.launcher.gpus_per_node, cfg.hydra.launcher.tasks_per_node) == (2, 8, 1)
     (conf_copy / "local").mkdir()
     (conf_copy / "local" / "default.yaml").write_text(
@@ -190,16 +234,17 @@ def test_readme_shows_the_generated_two_node_job(conf_copy, monkeypatch):
     assert timestamp.sub("TIME", generated).strip() == timestamp.sub("TIME", shown).strip()
     script, node_part = generated.split("\n\n# the driver of point 0")
     for flag in ("--nodes=2", "--gpus-per-node=8", "--ntasks-per-node=1", "--signal=USR2@120", "--time=90",
-                 "--partition=gpu", "--account=my_account", "--cpus-per-task=96", "--mem=512GB"):
+                 "--partition=gpu", "--account=my_account", "--cpus-per-task=96", "--mem=512GB", "--no-requeue"):
         assert f"#SBATCH {flag}\n" in script
     assert "\n# setup\nsource .venv/bin/activate\n" in script
     assert re.search(r"^srun .* python -u -m submitit\.core\._submit multirun/pr8186_table/", script, re.M)
     node_lines = [line for line in node_part.splitlines() if line.startswith("PYTHONUNBUFFERED")]
-    assert len(node_lines) == 2 and node_lines[0] == node_lines[1]  # both nodes join the same rendezvous
+    assert len(node_lines) == 2  # both nodes join the same rendezvous, each with its own node rank
+    assert node_lines[0].replace("--node_rank=0", "--node_rank=1") == node_lines[1]
     words = shlex.split(node_lines[0])
     assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "DEEPSPEED_TIMEOUT=10",
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"} <= set(words)
-    assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=c10d", "--rdzv_endpoint=gpu01:30956"} <= set(words)
+    assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=static", "--rdzv_endpoint=gpu01:30956"} <= set(words)
     assert words[-3:] == ["-m", "harness.worker", "RUN_DIR"] and "worker.node1.log" in node_part
 
 

@@ -124,3 +124,42 @@ def test_the_launch_loop_ends_a_stalled_point(tmp_path, monkeypatch):
     result = run(tmp_path, stall=stall)
     assert result.stalled and not result.timed_out and gone(rank_pid(tmp_path))
     assert launch.classify(result, tmp_path, 2, 4)[0] == "timeout"
+
+
+# torchrun's report of a failed node, as it ends its log: rank 2 killed by SIGKILL (its cause), rank 3 stopped by
+# torchrun with SIGTERM afterwards.
+TORCHRUN_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+harness.worker FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-04_13:39:22
+  host      : gpu02
+  rank      : 3 (local_rank: 1)
+  exitcode  : -15 (pid: 31849)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 31849
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-04_13:39:22
+  host      : gpu02
+  rank      : 2 (local_rank: 0)
+  exitcode  : -9 (pid: 31848)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 31848
+============================================================
+"""
+
+
+def test_a_rank_killed_by_a_signal_is_named_as_the_cause_before_the_other_ranks_errors(tmp_path):
+    (tmp_path / "worker.node1.log").write_text("step 1/4 phase 0\n" + TORCHRUN_REPORT)
+    assert launch.killed_ranks(tmp_path / "worker.node1.log") == {2: "SIGKILL"}  # SIGTERM is a stop, not a cause
+    (tmp_path / "error.rank0.json").write_text(json.dumps(
+        {"kind": "error", "rank": 0, "message": "RuntimeError: Connection reset by peer"}))  # what followed
+    launch.record_killed_ranks(tmp_path, "worker.node1.log", "node 1 (gpu02)")
+    assert sorted(p.name for p in tmp_path.glob("error.rank*.json")) == ["error.rank0.json", "error.rank2.json"]
+    result = launch.LaunchResult(returncode=1, timed_out=False, wall_time_s=5.0, peer_failure="node 1 failed")
+    assert launch.classify(result, tmp_path, 1, 4) == ("died", "rank 2: killed by SIGKILL on node 1 (gpu02)")

@@ -1,8 +1,10 @@
 """Where this driver sits in a SLURM job and how its node joins the point's ranks.
 
 With hydra-submitit-launcher every SLURM task (one per node) runs the driver of the same point; each
-driver starts its node's ranks with torchrun, all joining one c10d rendezvous on the job's first node.
-Global node 0's driver records the point; the others only run their ranks.
+driver starts its node's ranks with torchrun, all meeting at a rendezvous on the job's first node. Node K of
+the job holds global ranks K x nproc_per_node and up (torchrun's static rendezvous with --node_rank), so
+global rank 0, which writes steps.jsonl, runs beside the driver that records the point: global node 0's.
+The others only run their ranks.
 """
 from __future__ import annotations
 
@@ -100,15 +102,20 @@ def this_node(environ: Mapping[str, str] = os.environ, nnodes: int | None = None
 
 # --- how this node joins the point's ranks ------------------------------------------------------------
 
+RENDEZVOUS_BACKENDS = (None, "c10d", "static")
+
+
 def check_allocation(launcher: Mapping[str, Any], place: NodePlace) -> None:
-    """A multi-node point needs c10d and a SLURM job with exactly its node count."""
+    """A multi-node point needs the static rendezvous and a SLURM job with exactly its node count."""
     backend, nnodes = launcher.get("rdzv_backend"), launcher["nnodes"]
-    if backend not in (None, "c10d"):
-        raise ConfigError("launcher.rdzv_backend", f"must be null (standalone) or c10d, got {backend!r}")
+    if backend not in RENDEZVOUS_BACKENDS:
+        raise ConfigError("launcher.rdzv_backend", f"must be null (standalone), c10d or static, got {backend!r}")
     if nnodes == 1:
         return
-    if backend != "c10d":
-        raise ConfigError("launcher.rdzv_backend", f"{nnodes} nodes join through a rendezvous: set it to c10d")
+    if backend != "static":
+        raise ConfigError("launcher.rdzv_backend", f"{nnodes} nodes need static (SLURM node K holds ranks "
+                          "K x nproc_per_node and up); c10d ranks nodes in the order they join, so global rank 0 "
+                          "could run on any node")
     if place.job_id is None:
         raise ConfigError("launcher.nnodes", f"{nnodes} nodes need a SLURM job (launcher=slurm)")
     if place.nnodes != nnodes:
@@ -129,9 +136,10 @@ def rendezvous_port(launcher: Mapping[str, Any], place: NodePlace) -> int:
 
 
 def launcher_for_node(launcher: Mapping[str, Any], place: NodePlace) -> dict[str, Any]:
-    """The launcher section with this point's c10d endpoint (the job's first host) and id filled in."""
-    out = dict(launcher)
-    if launcher.get("rdzv_backend") != "c10d" or launcher.get("rdzv_endpoint"):
+    """The launcher section with this point's rendezvous endpoint (the job's first host), id and this node's
+    rank filled in."""
+    out = dict(launcher, node_rank=place.node_rank)
+    if launcher.get("rdzv_backend") is None or launcher.get("rdzv_endpoint"):
         return out
     host = place.hosts[0] if launcher["nnodes"] > 1 else "localhost"
     port = rendezvous_port(launcher, place)

@@ -13,17 +13,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness import runfiles
+from harness.cluster.launcher import requeue_parameter
 from harness.cluster.nodes import expand_nodelist, node_command, this_node
 from harness.compose import compose_point, sweep_points
 from harness.errors import ConfigError
 
 
-def sbatch_script(launcher_params: Mapping[str, Any], n_points: int, python: str) -> str:
-    """The sbatch script hydra-submitit-launcher submits for a sweep (a job array, one task per point),
-    rendered by submitit's own template from the resolved hydra.launcher section."""
+def sbatch_script(launcher_params: Mapping[str, Any], n_points: int, python: str, requeue: bool) -> str:
+    """The sbatch script the harness's SLURM launcher submits for a sweep (a job array, one task per point),
+    rendered by submitit's own template from the resolved hydra.launcher section and launcher.requeue."""
     from submitit.slurm import slurm as submitit_slurm
 
     params = {k: v for k, v in launcher_params.items() if k not in ("_target_", "max_num_timeout")}
+    params["additional_parameters"] = {**(params.get("additional_parameters") or {}), **requeue_parameter(requeue)}
     folder = params.pop("submitit_folder")
     renames = submitit_slurm.SlurmExecutor._equivalence_dict()
     args = {renames.get(k, k): v for k, v in params.items()}
@@ -52,7 +54,8 @@ def format_job(overrides: list[str], multirun: bool, nodelist: str, job_id: str)
     hosts = expand_nodelist(nodelist)
     if len(hosts) != config["launcher"]["nnodes"]:
         raise ConfigError("launcher.nnodes", f"{config['launcher']['nnodes']} nodes but --nodelist names {len(hosts)}")
-    script = sbatch_script(launcher_params, len(points), python="python").replace(f"{Path.cwd()}/", "")
+    script = sbatch_script(launcher_params, len(points), "python", config["launcher"]["requeue"])
+    script = script.replace(f"{Path.cwd()}/", "")
     array = ", a job array" if len(points) > 1 else ""
     lines = [f"# sbatch script for {len(points)} point{'s' * (len(points) > 1)} (one SLURM job per point{array})",
              script.rstrip(), "",
