@@ -47,6 +47,11 @@ def cluster(slurm_cluster):
     slurm_cluster.cancel_all_jobs()
 
 
+def total_steps(count: int) -> list[str]:
+    """Overrides that set a point's total steps (the measurement protocol's measured count then follows)."""
+    return [f"train.steps={count}", "train.measure_steps=null"]
+
+
 class Sweep:
     """A `launcher=slurm` sweep submitted from tmp_path, as a user would run it."""
 
@@ -104,7 +109,7 @@ class Sweep:
 
 
 def test_a_two_point_sweep_runs_both_points_and_writes_its_index(cluster, tmp_path):
-    sweep = Sweep(cluster, tmp_path, "train.steps=3", "train.micro_batch=1,2")
+    sweep = Sweep(cluster, tmp_path, *total_steps(3), "train.micro_batch=1,2")
     output = sweep.finish()
     assert sweep.proc.returncode == 0, output[-3000:]
     assert [line["status"] for line in sweep.index()] == ["ok", "ok"]
@@ -121,7 +126,7 @@ def test_the_time_limit_is_timeout_with_the_steps_kept_whether_or_not_its_warnin
     # signal_delay_s before the limit; SLURM's 30 s check sends it up to 30 s earlier); the second asks for none,
     # so SLURM's SIGTERM at the limit (enforced up to 30 s late) is all it gets. With launcher.requeue=true a
     # point at its limit must not go back to the queue (it would only reach the limit again).
-    hung = ["train.steps=5", "debug.fault=hang", "debug.fault_step=2", "hydra.launcher.timeout_min=1",
+    hung = [*total_steps(5), "debug.fault=hang", "debug.fault_step=2", "hydra.launcher.timeout_min=1",
             "launcher.requeue=true"]
     (tmp_path / "warned").mkdir()
     (tmp_path / "unwarned").mkdir()
@@ -144,7 +149,7 @@ def test_preemption_with_requeue_runs_the_point_again_until_it_finishes(cluster,
     # Stopped twice while its step 2 sleeps: by `scancel --signal=TERM` (the harness requeues the job) and by
     # `scontrol requeue` (SLURM requeues it and signals it). Each stopped attempt is recorded `preempted` with its
     # steps and set aside in attempts/N/; the third attempt finishes, and only then does the sweep write its index.
-    sweep = Sweep(cluster, tmp_path, "train.steps=4", "debug.fault=slow", "debug.fault_step=2",
+    sweep = Sweep(cluster, tmp_path, *total_steps(4), "debug.fault=slow", "debug.fault_step=2",
                   "debug.fault_sleep_s=15", "launcher.requeue=true")
     for attempt, stop in enumerate((["scancel", "--signal=TERM"], ["scontrol", "requeue"])):
         sweep.wait_for_steps(0, 2)
@@ -168,7 +173,7 @@ def test_preemption_with_requeue_runs_the_point_again_until_it_finishes(cluster,
 def test_without_requeue_a_preempted_point_stays_recorded_and_slurm_refuses_to_requeue_it(cluster, tmp_path):
     # SLURM requeues a batch job by default (scontrol requeue, a node failure, preemption in REQUEUE mode): with
     # launcher.requeue=false the job must be submitted --no-requeue, or a point already in the index runs again.
-    sweep = Sweep(cluster, tmp_path, "train.steps=4", "debug.fault=hang", "debug.fault_step=2")
+    sweep = Sweep(cluster, tmp_path, *total_steps(4), "debug.fault=hang", "debug.fault_step=2")
     sweep.wait_for_steps(0, 2)
     assert cluster.slurm(["scancel", "--signal=TERM", sweep.job(0)]).returncode == 0
     output = sweep.finish()
@@ -197,7 +202,7 @@ def wait_until_pending(sweep: Sweep, points: int) -> list[str]:
 def test_a_job_cancelled_while_pending_is_recorded_and_the_sweep_writes_its_index(cluster, tmp_path):
     # sacct reports the job CANCELLED; submitit then finds no result and hydra-submitit-launcher raised
     # UncompletedJobError: exit 1 and no index.
-    sweep = Sweep(cluster, tmp_path, "train.steps=3", "++hydra.launcher.additional_parameters.hold=true")
+    sweep = Sweep(cluster, tmp_path, *total_steps(3), "++hydra.launcher.additional_parameters.hold=true")
     (cancelled,) = wait_until_pending(sweep, 1)
     assert cluster.slurm(["scancel", cancelled]).returncode == 0
     output = sweep.finish(timeout=120)
@@ -213,7 +218,7 @@ def test_without_accounting_the_sweep_goes_on_past_a_job_that_never_ran(cluster,
     # for ever for the one cancelled while pending; an array task cancelled while pending leaves no record at all.
     cluster.stop_accounting()
     try:
-        sweep = Sweep(cluster, tmp_path, "train.steps=3", "train.micro_batch=1,2",
+        sweep = Sweep(cluster, tmp_path, *total_steps(3), "train.micro_batch=1,2",
                       "++hydra.launcher.additional_parameters.hold=true")
         ran, cancelled = wait_until_pending(sweep, 2)
         assert cluster.slurm(["sacct", "-j", ran]).returncode != 0  # no accounting
@@ -234,7 +239,7 @@ def test_two_node_points_pin_rank_0_to_node_0_and_name_the_rank_that_died(cluste
     # Each point is one job on both slurmd nodes (hnode1, hnode2): a driver per node, one torchrun each, joined
     # by the rendezvous the harness derives from SLURM_* variables. Global rank 0 must sit on SLURM node 0, and
     # a rank killed on either node must be named as the cause, not the other rank's "connection reset".
-    sweep = Sweep(cluster, tmp_path, "launcher.nnodes=2", "train.steps=3", "launcher.dist_timeout_min=2",
+    sweep = Sweep(cluster, tmp_path, "launcher.nnodes=2", *total_steps(3), "launcher.dist_timeout_min=2",
                   "debug.fault=null,kill", "debug.fault_step=1", "debug.fault_rank=0,1")
     output = sweep.finish()
     assert sweep.proc.returncode == 0, output[-3000:]
