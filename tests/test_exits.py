@@ -34,7 +34,9 @@ def test_sigterm_ends_the_sweep_outside_slurm_only():
     assert not stops.ends_the_sweep("died", WORKSTATION)
     assert (exits.stopped_exit_code("preempted"), exits.stopped_exit_code("interrupted")) == (143, 130)
     # what a SIGTERM is recorded as did not change: preemption, or SLURM's time limit near the job's end
-    assert stops.stop_status(signal.SIGTERM, WORKSTATION, now=0) == "preempted"
+    assert stops.stop_status(signal.SIGTERM, end_time=None, now=0) == "preempted"
+    assert stops.stop_status(signal.SIGTERM, end_time=100.0, now=99.0) == "timeout"
+    assert stops.stop_status(signal.SIGTERM, end_time=100.0, now=10.0) == "preempted"
 
 
 def test_sigterm_raises_terminated_in_the_driver_outside_slurm_and_keeps_slurms_handling():
