@@ -15,9 +15,9 @@ from typing import Any
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.transforms import blended_transform_factory
+from matplotlib.transforms import blended_transform_factory, offset_copy
 
-from analysis.design import along_axis, design, format_value, is_missing
+from analysis.design import along_axis, design, format_value, is_missing, varies
 from analysis.layout import legend_below
 from analysis.load import GB, OK, load_sweep
 from analysis.plots import (PAPER_RC, Plot, annotate_failures, arm_style, concat_data, data_rows,
@@ -35,6 +35,7 @@ AXIS_NAMES = {"seq_len": "sequence length", "micro_batch": "micro-batch"}
 FITS = "largest that fits"
 FIGURE_SIZE = (4.8, 3.2)  # inches, as the other figures; the legend under the axes adds its own height
 OOM_MARKER = {"marker": "x", "markersize": 8, "markeredgewidth": 1.8, "linestyle": "none"}
+OOM_MARKER_SPACING_PT = 9  # between the x's of series that ran out at one spot
 
 
 def emulated_sizes(points: pd.DataFrame) -> list[float]:
@@ -161,12 +162,15 @@ def _draw_ladder(ax, values: pd.DataFrame, axis: str, draw: Callable[[pd.DataFra
                  oom_height: Callable[[pd.DataFrame, float], float | None]) -> list[pd.DataFrame]:
     """Per series: its cells that ran, by draw(rows, series), and an x at its first OOM at oom_height(rows
     that ran, x); returns what was drawn."""
+    series_rows = [(series, rows, rows[rows["n_ok"] > 0]) for series, rows in values.groupby("series", sort=False)]
+    first_ooms = [_first_oom(rows, axis, lambda x, ok=ok: oom_height(ok, x)) for _, rows, ok in series_rows]
     data = []
-    for series, rows in values.groupby("series", sort=False):
-        ok = rows[rows["n_ok"] > 0]
+    for (series, rows, ok), first_oom, offset in zip(series_rows, first_ooms, _side_by_side(first_ooms)):
         if not ok.empty:
             data.append(draw(ok, series))
-        data.append(_mark_first_oom(ax, rows, axis, lambda x, ok=ok: oom_height(ok, x)))
+        if not first_oom.empty:
+            _mark_first_oom(ax, first_oom.iloc[0], arm_style(rows["arm"].iloc[0])[0], offset)
+        data.append(first_oom)
     return data
 
 
@@ -176,23 +180,39 @@ def _last_below(ok: pd.DataFrame, axis: str, x: float) -> float | None:
     return float(below[TOKENS_PER_S].iloc[-1]) if len(below) else None
 
 
-def _mark_first_oom(ax, rows: pd.DataFrame, axis: str, height: Callable[[float], float | None]) -> pd.DataFrame:
-    """An x in the arm's colour at the smallest ladder value where the series ran out, at height(x) in data
-    units, or at the bottom of the axes when that is None; returns the drawn marker as a data row."""
+def _first_oom(rows: pd.DataFrame, axis: str, height: Callable[[float], float | None]) -> pd.DataFrame:
+    """The smallest ladder value where the series ran out, at height(x) in data units (NaN: at the bottom of the
+    axes), as a data row; none when it never ran out."""
     out = rows[ran_out(rows)].sort_values(axis)
     if out.empty:
         return pd.DataFrame()
     first = out.iloc[0]
     x, y = float(first[axis]), height(float(first[axis]))
-    colour = arm_style(first["arm"])[0]
-    if y is None:
-        ax.plot([x], [0.04], color=colour, transform=blended_transform_factory(ax.transData, ax.transAxes),
-                clip_on=False, label="_nolegend_", **OOM_MARKER)
-    else:
-        ax.plot([x], [y], color=colour, label="_nolegend_", **OOM_MARKER)
     return pd.DataFrame({"series": [first["series"]], "kind": "first_oom", "x": x,
                          "y": math.nan if y is None else y, "y_low": math.nan, "y_high": math.nan,
                          "status": first["failed"]})
+
+
+def _side_by_side(first_ooms: list[pd.DataFrame]) -> list[float]:
+    """Each marker's horizontal offset in points: 0 alone, and markers at one spot (the device line, say) spread
+    around it so that none hides another."""
+    spots = [None if oom.empty else (oom["x"].iloc[0], format_value(oom["y"].iloc[0])) for oom in first_ooms]
+    offsets = []
+    for position, spot in enumerate(spots):
+        sharing = [other for other, at in enumerate(spots) if at == spot] if spot is not None else [position]
+        offsets.append((sharing.index(position) - (len(sharing) - 1) / 2) * OOM_MARKER_SPACING_PT)
+    return offsets
+
+
+def _mark_first_oom(ax, first_oom: pd.Series, colour: str, offset_pt: float) -> None:
+    """An x in the arm's colour at its first OOM, `offset_pt` to the right of it; at the bottom of the axes when it
+    has no height."""
+    at_bottom = is_missing(first_oom["y"])
+    transform = blended_transform_factory(ax.transData, ax.transAxes) if at_bottom else ax.transData
+    if offset_pt:
+        transform = offset_copy(transform, fig=ax.figure, x=offset_pt, units="points")
+    ax.plot([first_oom["x"]], [0.04 if at_bottom else first_oom["y"]], color=colour, transform=transform,
+            clip_on=not at_bottom, label="_nolegend_", **OOM_MARKER)
 
 
 def _annotate_other_failures(ax, values: pd.DataFrame, axis: str, data: list[pd.DataFrame], y: str,
@@ -222,10 +242,19 @@ def write_capacity_files(points: pd.DataFrame, out_dir: str | Path) -> list[Path
     paths: list[Path] = []
     for size in emulated_sizes(points):
         paths += write_table(capacity_table(points, size), out_dir / "tables")
+        if not ladder_swept(points, size):
+            continue
         for plot in (frontier_plot(points, size), peak_reserved_plot(points, size)):
             paths += save_plot(plot, out_dir / "figures")
             plt.close(plot.figure)
     return paths
+
+
+def ladder_swept(points: pd.DataFrame, size: float) -> bool:
+    """Whether the points of one emulated size climb a ladder of more than one value: with one, the table says
+    all there is, and a figure would stack every arm at one x."""
+    values, axis = capacity_values(points, size)
+    return varies(values[axis])
 
 
 def write_capacity_report(sweep_dir: str | Path, out_dir: str | Path) -> list[Path]:
@@ -239,6 +268,7 @@ def capacity_lines(points: pd.DataFrame) -> list[str]:
     if not sizes:
         return ["no emulated device size (env.device_memory_gb) in this sweep: no capacity table or figures"]
     lines = [f"capacity at an emulated {size_text(size)}: {len(points_of_size(points, size))} point(s)"
+             + ("" if ladder_swept(points, size) else ", at one ladder value: the table, no figures")
              for size in sizes]
     real = int(points[DEVICE_SIZE].isna().sum())
     return lines + ([f"left out {real} point(s) on the real device (no env.device_memory_gb)"] if real else [])

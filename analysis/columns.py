@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.arms.registry import TARGET
 from harness.checks import lookup
+from harness.reader import arm_class
 
 # Config keys the analysis names by a short column; other top-level arm knobs become arm_<knob>, and any
 # other overridden key keeps its dotted name.
@@ -58,6 +59,10 @@ STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$"
                          r"|^(steps|warmup_steps|measure_steps)$")
 MISSING = object()  # a config key that is not there, as opposed to one set to null
+OFFLOAD_GROUP = "offload."
+# An offload key the point's arm reads but its other values left without effect (our pass's auto_rule beside a
+# given budget): not null, which is a value the key can take; labels leave it out.
+IDLE = "-"
 
 
 def is_config_column(column: str) -> bool:
@@ -93,7 +98,32 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
         if key in covered or isinstance(value, Mapping):  # a Mapping is a named group: arm=zero3 -> arm.name
             continue
         row[key] = overrides.get(key) if value is MISSING else cell_value(value)
+    return offload_as_the_arm_read_it(row, config)
+
+
+def offload_as_the_arm_read_it(row: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The offload group's columns as they acted on the point: null for a key its arm does not read (every config
+    has the group; DeepSpeed's pass reads the budget only, eager arms nothing), IDLE for one the arm reads but its
+    other values left idle (Arm.idle_offload_keys). An unknown arm keeps every value."""
+    known = arm_class(config)
+    if known is None:
+        return row
+    offload = {name: lookup(config, OFFLOAD_GROUP + name, BEFORE_THE_KEY.get(OFFLOAD_GROUP + name))
+               for name in known.offload_keys}
+    idle = known.idle_offload_keys(offload)
+    for key, column in _offload_columns(row):
+        name = key.removeprefix(OFFLOAD_GROUP)
+        if name not in known.offload_keys:
+            row[column] = None
+        elif name in idle:
+            row[column] = IDLE
     return row
+
+
+def _offload_columns(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, column) of the row's offload keys: by their short names, and any other overridden one by its own."""
+    named = [(key, column) for key, column in CONFIG_COLUMNS.items() if key.startswith(OFFLOAD_GROUP)]
+    return named + [(column, column) for column in row if column.startswith(OFFLOAD_GROUP)]
 
 
 def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.columns import CONFIG_COLUMNS, is_design_column
+from analysis.columns import CONFIG_COLUMNS, IDLE, is_design_column
 
 REPEAT_COLUMNS = ("repeat", "seed")
 # Columns that name where a point was run rather than how: a label shows one only where the other keys
@@ -20,6 +20,11 @@ _STANDARD_ORDER = [column for column in CONFIG_COLUMNS.values() if column not in
 
 def is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def is_idle(value: Any) -> bool:
+    """A key the point's arm reads but its other values left without effect (analysis.columns.IDLE)."""
+    return isinstance(value, str) and value == IDLE
 
 
 def format_value(value: Any) -> str:
@@ -61,11 +66,12 @@ class Design:
 
     def label(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
         """'offload, budget_gb=12, empty_cache=phase': the arm and what else sets this point apart from the
-        arm's other points; keys in `leave_out` are shown elsewhere (an axis, a column)."""
+        arm's other points; keys in `leave_out` are shown elsewhere (an axis, a column), keys the point left idle
+        (IDLE: our pass's auto_rule beside a budget) are not shown."""
         arm = row["arm"]
         leave_out = set(leave_out)
         settings = [key for key in self.shown.get(arm, []) if key not in NAMING_COLUMNS]
-        keys = [key for key in self.shown.get(arm, []) if key not in leave_out
+        keys = [key for key in self.shown.get(arm, []) if key not in leave_out and not is_idle(row[key])
                 and (key not in NAMING_COLUMNS or self._needed(arm, key, settings))]
         return ", ".join([str(arm), *(f"{key}={format_value(row[key])}" for key in keys)])
 
@@ -83,7 +89,10 @@ def design(points: pd.DataFrame) -> Design:
                   if is_design_column(column) and column not in REPEAT_COLUMNS and column != "arm"]
     shown, values = {}, {}
     for arm, rows in points.groupby("arm", sort=False):
-        shown[arm] = sorted((column for column in candidates if varies(rows[column])), key=label_order)
+        # Values a point left idle say nothing about it: a key varies by the values that acted (our pass's
+        # budget_rule deepspeed on every budgeted point and idle on the device rule's does not vary).
+        shown[arm] = sorted((column for column in candidates if varies(rows[column][~rows[column].map(is_idle)])),
+                            key=label_order)
         values[arm] = pd.DataFrame({column: rows[column].map(format_value)
                                     for column in shown[arm]}).drop_duplicates()
     keys = ["arm", *[column for column in candidates if any(column in columns for columns in shown.values())]]

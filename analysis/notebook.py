@@ -1,5 +1,6 @@
 """What every report notebook starts with: the sweep's run files read (one warning line per unreadable file)
-and one place to write its tables and figures (OUT_DIR/tables, OUT_DIR/figures)."""
+and one place to write its tables and figures (OUT_DIR/tables, OUT_DIR/figures, and the per-run panels that
+diagnose a run rather than make a claim in OUT_DIR/figures/diagnostics)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +12,9 @@ from analysis.load import Sweep, load_sweep
 from analysis.plots import Plot, save_plot
 from analysis.render import write_table
 from analysis.tables import Table
+
+FIGURES = "figures"
+DIAGNOSTICS = "diagnostics"  # under FIGURES
 
 
 @dataclass
@@ -32,7 +36,10 @@ class NotebookReport:
         return table.display
 
     def figure(self, plot: Plot) -> list[Path]:
-        return save_plot(plot, self.out_dir / "figures")
+        return save_plot(plot, self.out_dir / FIGURES)
+
+    def diagnostic(self, plot: Plot) -> list[Path]:
+        return save_plot(plot, self.out_dir / FIGURES / DIAGNOSTICS)
 
 
 def open_report(sweep_dir: str | Path, out_dir: str | Path) -> NotebookReport:

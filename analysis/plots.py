@@ -15,18 +15,20 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from analysis.design import Design, along_axis, design, format_value, is_missing
+from analysis.design import Design, along_axis, design, format_value, is_idle, is_missing
 from analysis.layout import legend_below, wrap
 from analysis.load import GB, OK
 from analysis.render import to_csv
 from analysis.tables import (NON_OFFLOAD_ARMS, OFFLOAD_ARMS, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S,
                              aggregate_repeats, order_key)
 from harness.arms import Arm, registered
+from harness.sinks import job_order
 
 # Each arm's colour and marker (harness/arms/), so arms stay apart in greyscale too.
 ARM_STYLES = {name: (arm.display.colour, arm.display.marker) for name, arm in registered().items()}
 OTHER_ARM_STYLE = (Arm.display.colour, Arm.display.marker)
 BUDGET_COLUMNS = ("budget_gb", "budget_fraction", "margin")
+OFFLOADED_STYLE = {"linestyle": "--", "markerfacecolor": "none"}  # GB offloaded per step, beside the step time
 FAILURE_FONTSIZE = 6
 FAILURE_TEXT_WIDTH_PT = 110  # about a third of a figure's axes
 PAPER_RC = {
@@ -144,6 +146,17 @@ def _budget_points(points: pd.DataFrame, values: list[str]) -> tuple[pd.DataFram
     return offload[offload["n_ok"] > 0], offload[offload["n_ok"] == 0], references
 
 
+def budget_swept(points: pd.DataFrame) -> bool:
+    """Whether the offload arms' points were given more than one budget: a budget in GB or as a fraction, or none
+    (the margin or our pass's device rule then makes one). With one budget for all (the capacity campaign's auto
+    budget; 11 GB for both passes) the figures against the budget would stack every point at one x."""
+    offload = points[points["arm"].isin(OFFLOAD_ARMS)]
+    columns = [column for column in (*BUDGET_COLUMNS, "auto_rule") if column in offload]
+    given = {tuple(format_value(None if is_idle(value) else value) for value in row)
+             for row in offload[columns].itertuples(index=False)}
+    return len(given) > 1
+
+
 def step_time_vs_budget(points: pd.DataFrame) -> Plot:
     """Final-phase median step time (IQR bars) of the offload arms against the budget, GB offloaded per step
     on a second axis, non-offload arms as horizontal references."""
@@ -159,8 +172,7 @@ def step_time_vs_budget(points: pd.DataFrame) -> Plot:
             if frame["final_offload_bytes_median"].notna().any():
                 colour, marker = arm_style(frame["arm"].iloc[0])
                 offloaded_ax.plot(frame["budget_resolved_gb"], frame["final_offload_bytes_median"] / GB,
-                                  color=colour, marker=marker, linestyle="--", markerfacecolor="none",
-                                  label=f"{series}: offloaded")
+                                  color=colour, marker=marker, **OFFLOADED_STYLE)
                 data.append(data_rows(frame, "offloaded_gb", "budget_resolved_gb",
                                       "final_offload_bytes_median", scale=GB))
         for row in references.to_dict("records"):
@@ -171,6 +183,8 @@ def step_time_vs_budget(points: pd.DataFrame) -> Plot:
         data.append(data_rows(failed, "failed", "budget_resolved_gb", STEP_TIME))
         if ok.empty and failed.empty:
             _no_data(ax, "offload points")
+        if offloaded_ax.lines:  # one key for every series' dashed twin: a series is in the legend once
+            offloaded_ax.plot([], [], color="black", marker="o", label="offloaded/step (right axis)", **OFFLOADED_STYLE)
         ax.set_xlabel("memory budget (GB)")
         ax.set_ylabel("step time (s), final phase")
         offloaded_ax.set_ylabel("offloaded/step (GB), dashed")
@@ -277,8 +291,8 @@ def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_t
     with mpl.rc_context(PAPER_RC):
         figure, axes = plt.subplots(rows, columns, figsize=(PANEL_WIDTH_IN * columns, 2.4 * rows + 0.4),
                                     squeeze=False, layout="constrained")
-        repeats_vary = "repeat" in with_steps and with_steps["repeat"].nunique() > 1
-        for ax, point in zip(axes.flat, with_steps.to_dict("records")):
+        titles = _panel_titles(with_steps, points_design)
+        for ax, point, title in zip(axes.flat, with_steps.to_dict("records"), titles):
             own = steps[(steps["sweep"] == point["sweep"]) & (steps["run_dir"] == point["run_dir"])]
             own = own.sort_values("step")
             values = own[metric].astype(float) / scale if metric in own else pd.Series(math.nan, index=own.index)
@@ -289,10 +303,7 @@ def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_t
                     markersize=7, markerfacecolor="none", color=colour)
             for boundary in own.loc[(own["phase_step"] == 0) & (own["step"] > 0), "step"]:
                 ax.axvline(boundary - 0.5, color="black", linestyle="--", linewidth=0.8)
-            repeat = f" #{point['repeat']}" if repeats_vary else ""
-            status = "" if point["status"] == OK else f" [{point['status'].upper()}]"
-            ax.set_title(wrap(f"{points_design.label(point)}{repeat}{status}", PANEL_TITLE_WIDTH_PT,
-                              PANEL_TITLE_FONTSIZE), fontsize=PANEL_TITLE_FONTSIZE)
+            ax.set_title(wrap(title, PANEL_TITLE_WIDTH_PT, PANEL_TITLE_FONTSIZE), fontsize=PANEL_TITLE_FONTSIZE)
             ax.set_xlabel("step")
             ax.set_ylabel(axis_label)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -311,11 +322,34 @@ def step_series(points: pd.DataFrame, steps: pd.DataFrame, metric: str = "step_t
         if with_steps.empty:
             axes.flat[0].set_visible(True)
             _no_data(axes.flat[0], "per-step records")
-        figure.legend([Line2D([], [], color="black", marker="o", markerfacecolor="none", linestyle="none"),
-                       Line2D([], [], color="black", linestyle="--", linewidth=0.8)],
-                      ["first step of a phase (compiles)", "phase boundary"],
-                      loc="outside lower center", ncols=2, frameon=False)
-    return Plot(f"{metric}_per_step", figure, concat_data(data))
+        data = concat_data(data)
+        _step_key(figure, data)
+    return Plot(f"{metric}_per_step", figure, data)
+
+
+def _panel_titles(panels: pd.DataFrame, points_design: Design) -> list[str]:
+    """Each panel's point: its label, its repeat where repeats vary, its status where it did not finish; panels
+    that would still read the same (runs apart only in what defines no design point, an injected copy delay say)
+    also name their run by its job number."""
+    repeats_vary = "repeat" in panels and panels["repeat"].nunique() > 1
+    records = panels.to_dict("records")
+    titles = [points_design.label(point) + (f" #{point['repeat']}" if repeats_vary else "")
+              + ("" if point["status"] == OK else f" [{point['status'].upper()}]") for point in records]
+    return [f"{title} (run {job_order(point['run_dir'])[0]})" if titles.count(title) > 1 else title
+            for title, point in zip(titles, records)]
+
+
+def _step_key(figure: Figure, drawn: pd.DataFrame) -> None:
+    """The key of what the panels drew, and of nothing they did not: compile steps (hollow), phase boundaries."""
+    compiles = drawn["phase_step"] == 0 if "phase_step" in drawn else pd.Series(dtype=bool)
+    entries = [(Line2D([], [], color="black", marker="o", markerfacecolor="none", linestyle="none"),
+                "first step of a phase (compiles)", compiles.any()),
+               (Line2D([], [], color="black", linestyle="--", linewidth=0.8),
+                "phase boundary", (compiles & (drawn["x"] > 0)).any())]
+    shown = [(handle, text) for handle, text, drawn_here in entries if drawn_here]
+    if shown:
+        handles, texts = zip(*shown)
+        figure.legend(handles, texts, loc="outside lower center", ncols=len(shown), frameon=False)
 
 
 def concat_data(frames: list[pd.DataFrame]) -> pd.DataFrame:

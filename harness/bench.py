@@ -45,10 +45,18 @@ def load_points(sweep_dirs: list[Path], problems: list[Problem] | None = None) -
             points.append({"arm": config["arm"]["name"], "role": bench_role(config),
                            "budget_gb": _number_or_none(lookup(config, "offload.budget_gb", None)),
                            "offload": _section(lookup(config, "offload", None)), "summary": point.summary,
+                           "idle": idle_knobs(config),
                            "reserved_cap_gb": lookup(config, "env.reserved_cap_gb", None),
                            "device_memory_gb": lookup(config, "env.device_memory_gb", None),
                            "rows": point.steps, "run_dir": Path(sweep_dir) / point.run_dir})
     return points
+
+
+def idle_knobs(config: dict) -> tuple[str, ...]:
+    """The offload keys the point's arm reads but its other values left without effect (auto_rule beside a budget,
+    say): a label leaves them out."""
+    arm_class = reader.arm_class(config)
+    return arm_class.idle_offload_keys(_section(lookup(config, "offload", None))) if arm_class is not None else ()
 
 
 def _number_or_none(value):
@@ -110,12 +118,14 @@ def knob_defaults() -> dict:
 
 
 def describe(point: dict, defaults: dict | None = None) -> str:
-    """The arm, the knobs of our pass that differ from the defaults, and the allocator ceiling if one was set."""
+    """The arm, the knobs of our pass that differ from the defaults and acted on the point, and the allocator
+    ceiling if one was set."""
     changed = []
     if point["role"] == BenchRole.OURS:
         defaults = knob_defaults() if defaults is None else defaults
         changed = [f"{k}={point['offload'][k]}" for k in KNOBS
-                   if k in point["offload"] and point["offload"][k] != defaults.get(k)]
+                   if k in point["offload"] and point["offload"][k] != defaults.get(k)
+                   and k not in point.get("idle", ())]
     for limit in LIMITS:
         if point.get(limit) is not None:
             changed.append(f"{limit}={point[limit]}")
@@ -149,6 +159,11 @@ def stall_and_prediction(point: dict) -> str:
     return "".join(f" | {part}" for part in parts)
 
 
+def gb_text(n_bytes) -> str:
+    """Bytes as GB (1e9), as everywhere else the harness prints memory; '-' where there is no number."""
+    return f"{n_bytes / GB:.2f} GB" if is_finite_number(n_bytes) else "-"
+
+
 def report(points: list[dict]) -> str:
     lines = []
     reference = next((p for p in points if is_reference(p) and p["summary"]["status"] == "ok"), None)
@@ -161,7 +176,7 @@ def report(points: list[dict]) -> str:
             lines.append(f"  {describe(p):<48} {p['summary']['status']:<7} final median "
                          + (f"{median:.4f} s" if median is not None else "-")
                          + (f" | max rel loss diff vs {reference['arm']} {loss:.2e}" if loss is not None else "")
-                         + f" | planned offload {p['summary'].get('planned_offload_bytes')}"
+                         + f" | planned offload {gb_text(p['summary'].get('planned_offload_bytes'))}"
                          + f" | alloc retries {alloc_retries(p)}" + stall_and_prediction(p)
                          + f"\n      final-phase peak reserved GB per step: {run_lengths(reserved_trajectory_gb(p))}")
     return "\n".join(lines)

@@ -241,8 +241,12 @@ def test_each_emulated_size_gets_its_own_files_and_real_device_points_are_left_o
         ["capacity_24gb.md", "capacity_40gb.md"]
     assert "| zero3 | 0.1 | OOM (p0) | 512 |" in (tmp_path / "out" / "tables" / "capacity_24gb.md").read_text()
     assert "| zero3 | 0.5 | 1024 |" in (tmp_path / "out" / "tables" / "capacity_40gb.md").read_text()
+    # 40 GB ran one length: its table holds it, a figure would stack it at one x
+    assert sorted(path.name for path in written if path.suffix == ".png") == \
+        ["capacity_frontier_24gb.png", "capacity_peak_reserved_24gb.png"]
     assert capacity.capacity_lines(points) == [
-        "capacity at an emulated 24 GB: 2 point(s)", "capacity at an emulated 40 GB: 1 point(s)",
+        "capacity at an emulated 24 GB: 2 point(s)",
+        "capacity at an emulated 40 GB: 1 point(s), at one ladder value: the table, no figures",
         "left out 1 point(s) on the real device (no env.device_memory_gb)"]
 
 

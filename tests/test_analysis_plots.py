@@ -10,6 +10,7 @@ from matplotlib.colors import to_hex  # noqa: E402
 
 from analysis import plots  # noqa: E402
 from analysis.fixtures.synthetic import write_point  # noqa: E402
+from analysis.layout import unwrap  # noqa: E402
 from analysis.load import load_sweep  # noqa: E402
 from harness.metrics import quartiles  # noqa: E402
 
@@ -67,8 +68,11 @@ def test_step_time_vs_budget_draws_medians_with_iqr_and_offloaded_gb(budget_swee
     rows = plot.data[(plot.data["series"] == "offload") & (plot.data["kind"] == "step_time_s")]
     assert np.allclose(rows["y_low"], [quartiles(times)["p25"] for times in measured])
     assert np.allclose(rows["y_high"], [quartiles(times)["p75"] for times in measured])
-    [offloaded] = [line for line in offloaded_ax.lines if line.get_label() == "offload: offloaded"]
+    colour = plots.arm_style("offload")[0]  # each arm's dashed twin is in its colour; the key's own line is empty
+    [offloaded] = [line for line in offloaded_ax.lines if len(line.get_xdata()) and line.get_color() == colour]
     assert np.allclose(offloaded.get_ydata(), [10.0, 6.0, 2.0])
+    legend = [unwrap(text.get_text()) for text in plot.figure.legends[0].get_texts()]
+    assert legend.count("offload") == 1 and "offloaded/step (right axis)" in legend  # one key for every dashed twin
     assert "(s)" in step_time_ax.get_ylabel() and "(GB)" in step_time_ax.get_xlabel()
     assert "(GB)" in offloaded_ax.get_ylabel()
     references = plot.data[plot.data["kind"] == "reference"]

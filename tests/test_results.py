@@ -143,3 +143,74 @@ def test_race_stress_losses_match_deepcompile_under_every_copy_delay():
         assert max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) <= 1e-4
         delays.add(config["debug"]["copy_delay_us"])
     assert delays >= {200, 2000}
+
+
+# Legend entries that key a kind of mark rather than a series, and the data kind each keys (the per-step panels'
+# keys hold where a phase's first step was drawn, or a later phase began).
+KEY_ENTRIES = {"offloaded/step (right axis)": "offloaded_gb", "budget": "peak_reserved_gb",
+               "first OOM (ran out of memory)": "first_oom", "first step of a phase (compiles)": "compiles",
+               "phase boundary": "boundary"}
+REFERENCE_SUFFIX = " (no offload)"  # a non-offload arm drawn as a horizontal line
+
+
+def committed_plots(campaign: Path) -> dict[str, tuple[Path, object]]:
+    """Each figure the committed report holds (by its data file), rebuilt from the sweep by the function that drew
+    it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis import accumulation, capacity, plots
+    from analysis.load import load_sweep
+
+    sweep = load_sweep(campaign / "sweep")
+    points, steps = sweep.points, sweep.steps
+    builders = {"throughput_vs_micro_batch": lambda: plots.throughput_vs_micro_batch(points),
+                "step_time_vs_budget": lambda: plots.step_time_vs_budget(points),
+                "peak_reserved_vs_budget": lambda: plots.peak_reserved_vs_budget(points),
+                "step_time_s_per_step": lambda: plots.step_series(points, steps, "step_time_s"),
+                "peak_reserved_bytes_per_step": lambda: plots.step_series(points, steps, "peak_reserved_bytes")}
+    for size in capacity.emulated_sizes(points):
+        for build in (capacity.frontier_plot, capacity.peak_reserved_plot):
+            builders[build(points, size).name] = lambda build=build, size=size: build(points, size)
+    for global_batch in accumulation.global_batches(points):
+        builders[accumulation.accumulation_plot(points, global_batch).name] = \
+            lambda batch=global_batch: accumulation.accumulation_plot(points, batch)
+    data_files = sorted((campaign / "report" / "figures").rglob("*_data.csv"))
+    names = {path: path.name.removesuffix("_data.csv") for path in data_files}
+    assert set(names.values()) <= set(builders), f"{campaign.name}: a figure no known function draws"
+    return {name: (path, builders[name]()) for path, name in names.items()}
+
+
+def legend_entries(figure) -> list[str]:
+    from analysis.layout import unwrap
+
+    legends = [*figure.legends, *(ax.get_legend() for ax in figure.axes if ax.get_legend() is not None)]
+    return [unwrap(text.get_text()) for legend in legends for text in legend.get_texts()]
+
+
+def drawn_keys(data) -> set[str]:
+    kinds = set(data["kind"]) if "kind" in data else set()
+    if "phase_step" in data:
+        first = data["phase_step"] == 0
+        kinds |= {"compiles"} if first.any() else set()
+        kinds |= {"boundary"} if (first & (data["x"] > 0)).any() else set()
+    return kinds
+
+
+@pytest.mark.usefixtures("close_figures")
+@pytest.mark.parametrize("campaign", CAMPAIGNS, ids=lambda path: path.name)
+def test_every_committed_figure_varies_its_x_axis_and_its_legend_lists_only_what_it_draws(campaign):
+    import pandas as pd
+
+    for name, (data_file, plot) in committed_plots(campaign).items():
+        if data_file.parent.name != "diagnostics":  # per-step panels run along the steps of each point
+            x = pd.read_csv(data_file)["x"].dropna()
+            assert x.nunique() > 1, f"{campaign.name}: {name} draws every point at x = {x.unique()}"
+        data = plot.data
+        series = set(data["series"]) if "series" in data else set()
+        references = set(data.loc[data["kind"] == "reference", "series"]) if "kind" in data else set()
+        keys = drawn_keys(data)
+        for entry in legend_entries(plot.figure):
+            assert (entry in series or entry.removesuffix(REFERENCE_SUFFIX) in references
+                    or KEY_ENTRIES.get(entry) in keys or entry.startswith("emulated device") and "device" in keys), \
+                f"{campaign.name}: {name}'s legend lists {entry!r}, which it does not draw"

@@ -16,7 +16,7 @@
 # # Memory
 # Peak allocated and reserved memory per phase, bytes offloaded and reloaded per step (GB = 1e9 bytes, as
 # everywhere in the harness), allocator retries; peak reserved memory step by step, where growth after a phase
-# boundary shows.
+# boundary shows (a diagnostic, in figures/diagnostics).
 
 # %% tags=["parameters"]
 sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<timestamp>
@@ -37,4 +37,4 @@ if has_predictions(report.points):  # the planner's step model against the measu
     report.table(prediction_table(report.points, report.steps))
 
 # %%
-report.figure(plots.step_series(report.points, report.steps, "peak_reserved_bytes"));
+report.diagnostic(plots.step_series(report.points, report.steps, "peak_reserved_bytes"));

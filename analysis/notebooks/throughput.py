@@ -16,9 +16,9 @@
 # # Throughput
 # Final-phase median step time and tokens/s per arm along the swept axis (sequence length, else
 # micro-batch), with speed-ups against `zero3` and against the best non-offload arm; throughput against
-# micro-batch; at a fixed global batch (micro-batch x gradient accumulation), each arm's step time, tokens/s
-# and offload cycles per optimizer step at every micro-batch, and throughput until it runs out of memory;
-# every point's per-step time with its phase boundaries.
+# micro-batch where the sweep varies it; at a fixed global batch (micro-batch x gradient accumulation), each arm's
+# step time, tokens/s and offload cycles per optimizer step at every micro-batch, and throughput until it runs out
+# of memory; every point's per-step time with its phase boundaries (a diagnostic, in figures/diagnostics).
 
 # %% tags=["parameters"]
 sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<timestamp>
@@ -27,6 +27,7 @@ out_dir = "report"
 # %%
 from analysis import plots
 from analysis.accumulation import accumulation_lines, write_accumulation_files
+from analysis.design import varies
 from analysis.notebook import open_report
 from analysis.tables import throughput_table
 
@@ -40,7 +41,10 @@ report = open_report(sweep_dir, out_dir)
 report.table(throughput_table(report.points))
 
 # %%
-report.figure(plots.throughput_vs_micro_batch(report.points));
+if varies(report.points["micro_batch"]):
+    report.figure(plots.throughput_vs_micro_batch(report.points))
+else:
+    print("one micro-batch in this sweep: no figure against it")
 
 # %% [markdown]
 # At one global batch: `accumulation_<G>seq` (tables) and `accumulation_throughput_<G>seq` (figures) per global
@@ -53,4 +57,4 @@ if written:
     print("\n".join(str(path.relative_to(report.out_dir)) for path in written))
 
 # %%
-report.figure(plots.step_series(report.points, report.steps, "step_time_s"));
+report.diagnostic(plots.step_series(report.points, report.steps, "step_time_s"));

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional
 
+from harness import schema
 from harness.errors import ConfigError
 
 OTHER_ORDER = 1000  # arms without a place in a fixed order come after those with one
@@ -45,6 +46,9 @@ class Arm:
     baseline: ClassVar[bool] = False  # the arm speed-ups are measured against
     bench_role: ClassVar[str | None] = None  # a BenchRole, for arms `harness bench` compares
     display: ClassVar[Display] = Display()
+    # The keys of the offload group the arm reads (every config has that group); the others do nothing to it, so
+    # analysis neither labels the arm's points by them nor tells its points apart by them.
+    offload_keys: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_config(cls, arm_cfg: Mapping[str, Any]) -> Arm:
@@ -106,6 +110,12 @@ class Arm:
         planned against); {} for arms without a plan."""
         return {}
 
+    @classmethod
+    def idle_offload_keys(cls, offload: Mapping[str, Any]) -> tuple[str, ...]:
+        """Of `offload_keys`, those that these values of the offload group leave without effect (a rule that only
+        applies without a budget, when one is given): none here."""
+        return ()
+
 
 class PhaseStarts:
     """Steps where phases begin: a list that starts at 0 and increases strictly (null or empty: one phase)."""
@@ -165,6 +175,7 @@ class OffloadPassArm(CompiledArm):
     """DeepCompile with a pass that moves optimizer states to the host within the shared offload budget."""
     offloads_opt_states: ClassVar[bool] = True
     keeps_optimizer_states_on_gpu: ClassVar[bool] = False
+    offload_keys: ClassVar[tuple[str, ...]] = tuple(field.name for field in fields(schema.BudgetConfig))  # the budget
 
     def check(self, cfg: Mapping[str, Any]) -> None:
         super().check(cfg)

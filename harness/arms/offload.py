@@ -1,9 +1,10 @@
 """offload: our own optimizer-state offload pass (harness/offload/); its knobs live in the offload group."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Mapping
 
+from harness import schema
 from harness.arms.base import BenchRole, Display, OffloadPassArm
 
 
@@ -11,6 +12,18 @@ from harness.arms.base import BenchRole, Display, OffloadPassArm
 class Offload(OffloadPassArm):
     bench_role: ClassVar[str] = BenchRole.OURS
     display: ClassVar[Display] = Display("ours", "#D55E00", "D", table_order=3, capacity_order=4)
+    offload_keys: ClassVar[tuple[str, ...]] = tuple(field.name for field in fields(schema.OffloadConfig))  # all
+
+    @classmethod
+    def idle_offload_keys(cls, offload: Mapping[str, Any]) -> tuple[str, ...]:
+        """`auto_rule` picks the plan only without a budget; `budget_rule` sizes a budget, which the device rule
+        does without. Keys missing from `offload` (runs recorded before them) read as null."""
+        from harness import offload as our_pass
+
+        values = {key: offload.get(key) for key in cls.offload_keys}
+        if values["budget_gb"] is not None or values["budget_fraction"] is not None:
+            return ("auto_rule",)
+        return ("budget_rule",) if our_pass.uses_device_rule(values) else ()
 
     def check(self, cfg: Mapping[str, Any]) -> None:
         from harness import offload

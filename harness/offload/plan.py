@@ -92,7 +92,8 @@ from collections import deque
 from typing import NoReturn
 
 from harness.errors import ConfigError
-from harness.offload.profile import Profile, Task, byte_count, calibrate, expect, load_profile, parse_profile
+from harness.offload.profile import (Profile, Task, byte_count, calibrate, expect, load_profile, missing_readings,
+                                     parse_profile)
 from harness.schema import OffloadConfig, choices
 from harness.units import GB
 
@@ -331,8 +332,14 @@ def _budget_from_args(args: argparse.Namespace) -> int:
 
 
 def _plan_from_args(args: argparse.Namespace, profile: dict) -> dict:
+    """The plan the pass would make; on a profile without the step model's readings only a budget sized as
+    DeepSpeed's pass sizes it (placed on the profile as read), without a predicted peak or feasibility."""
     has_budget = args.budget_gb is not None or args.budget_bytes is not None
     sized_as_deepspeed = has_budget and args.budget_rule == "deepspeed"
+    missing = missing_readings(profile)
+    expect(sized_as_deepspeed or not missing, "profile",
+           f"{args.profile} has no {' or '.join(missing)} (recorded before the step model): the device rule and "
+           "--budget-rule step_model plan by the peak it predicts; plan a budget sized as DeepSpeed's pass (--budget-gb)")
     expect(not sized_as_deepspeed or args.device_gb is None, "device_gb",
            "with a budget it applies to --budget-rule step_model only")
     expect(sized_as_deepspeed or args.peak_cap_gb is None, "offload.peak_cap_gb",
@@ -340,8 +347,9 @@ def _plan_from_args(args: argparse.Namespace, profile: dict) -> dict:
     limit = None if args.device_gb is None else device_limit_bytes(
         _gb_to_bytes(args.device_gb, "device_gb"), profile.get("allocator_overhead_bytes"))
     cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
-    return plan_offload(profile, _budget_from_args(args) if has_budget else None, limit, args.budget_rule,
+    plan = plan_offload(profile, _budget_from_args(args) if has_budget else None, limit, args.budget_rule,
                         args.reload, args.release, cap)
+    return {**plan, "predicted_peak_bytes": None, "feasible": None} if missing else plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,10 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget_gb is None and args.budget_bytes is None and args.device_gb is None:
         parser.error("one of --budget-gb, --budget-bytes, --device-gb is required")
     try:
-        plan = _plan_from_args(args, load_profile(args.profile))
+        profile = load_profile(args.profile)
+        plan = _plan_from_args(args, profile)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
+    missing = missing_readings(profile)
+    if missing:
+        print(f"warning: {args.profile} has no {' or '.join(missing)} (recorded before the step model): placed as "
+              "DeepSpeed's pass places it; peak and feasibility not predicted (null)", file=sys.stderr)
     print(plan_to_json(plan))
     return 0
 

@@ -82,6 +82,17 @@ class Profile:
         return self.nodes[self.bwd_positions[-1]].peak_bytes
 
 
+# What the run measured before planning, which the step model calibrates the eager profile by (calibrate). A profile
+# recorded before the step model (the capacity campaign's) lacks them: its node peaks are the profiler's, which
+# overstate the running step by gigabytes, so a peak predicted on them says nothing.
+STEP_MODEL_READINGS = ("measured_start_bytes", "step_transient_bytes")
+
+
+def missing_readings(profile: dict) -> tuple[str, ...]:
+    """The step model's readings a profile dict lacks (none: its peaks can be predicted)."""
+    return tuple(key for key in STEP_MODEL_READINGS if profile.get(key) is None)
+
+
 # ---------------------------------------------------------------- validation
 
 
