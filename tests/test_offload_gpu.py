@@ -29,6 +29,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROBE = ["model=probe_534m", "train.micro_batch=4", "train.seq_len=1024", "train.measure_steps=5", "logger=none"]
 PARTIAL_BUDGET_GB = os.environ.get("OFFLOAD_GPU_PARTIAL_GB", "12")  # offloads ~half the states of the probe
 FORCED_ALL_GB = "0.000001"
+# These points compare bytes with DeepSpeed's pass and force every state out: they plan a budget by DeepSpeed's
+# sizing, as when they were recorded (results/race_stress/); the default rule is the step model.
+BY_DEEPSPEED = "offload.budget_rule=deepspeed"
 LOSS_REL_TOL = 1e-4
 MIN_STEPS = 8
 
@@ -101,11 +104,11 @@ def baseline(runs_dir) -> Path:
 
 
 def partial_run(runs_dir: Path) -> Path:
-    return run_point(runs_dir, "offload_partial", ["arm=offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}"])
+    return run_point(runs_dir, "offload_partial", ["arm=offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}", BY_DEEPSPEED])
 
 
 def forced_all_run(runs_dir: Path) -> Path:
-    return run_point(runs_dir, "offload_forced_all", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}"])
+    return run_point(runs_dir, "offload_forced_all", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}", BY_DEEPSPEED])
 
 
 def test_partial_budget_matches_deepcompile_losses(runs_dir, baseline):
@@ -142,7 +145,7 @@ def test_forced_all_matches_deepcompile_losses(runs_dir, baseline):
 
 def test_warm_inductor_cache_still_runs_the_ops(runs_dir):
     cold = forced_all_run(runs_dir)
-    warm = run_point(runs_dir, "offload_forced_all_warm", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}"],
+    warm = run_point(runs_dir, "offload_forced_all_warm", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}", BY_DEEPSPEED],
                      cache_of="offload_forced_all")
     plan = assert_plan_ran(warm)
     assert plan["offloaded"] == read_json(cold, "plan.json")["offloaded"]
@@ -161,7 +164,7 @@ def test_blocking_mode_matches_deepcompile_losses(runs_dir, baseline):
 
 
 def test_ordered_release_matches_deepcompile_losses(runs_dir, baseline):
-    run_dir = run_point(runs_dir, "offload_ordered", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}",
+    run_dir = run_point(runs_dir, "offload_ordered", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}", BY_DEEPSPEED,
                                                       "offload.release=ordered", "offload.peak_cap_gb=12"])
     plan = read_json(run_dir, "plan.json")
     assert plan["release_policy"] == "ordered" and plan["release_sites"], plan
@@ -189,7 +192,7 @@ def race_baseline(runs_dir) -> Path:
 def test_race_stress_copy_delays_keep_the_losses(runs_dir, race_baseline, budget, delay_us):
     budget_override = [f"offload.budget_gb={FORCED_ALL_GB}" if budget == "forced_all" else "offload.auto_rule=margin"]
     run_dir = run_point(runs_dir, f"race_{budget}_{delay_us}us",
-                        ["arm=offload", f"debug.copy_delay_us={delay_us}", *budget_override], base=RACE)
+                        ["arm=offload", f"debug.copy_delay_us={delay_us}", BY_DEEPSPEED, *budget_override], base=RACE)
     plan = assert_plan_ran(run_dir)
     if budget == "forced_all":
         assert plan["offloaded_bytes"] == plan["total_state_bytes"]
@@ -217,7 +220,7 @@ def accumulation_baseline(runs_dir) -> Path:
 
 
 def accumulation_run(runs_dir: Path) -> Path:
-    return run_point(runs_dir, "offload_partial_ga4", ["arm=offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}", *GA])
+    return run_point(runs_dir, "offload_partial_ga4", ["arm=offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}", BY_DEEPSPEED, *GA])
 
 
 def test_accumulation_moves_our_planned_states_once_per_optimizer_step(runs_dir, accumulation_baseline):

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import ConfigError
-from harness.offload.plan import load_profile, make_plan, plan_to_json
+from harness.offload.plan import load_profile, make_plan, plan_offload, plan_to_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMALL_PROFILE_PATH = REPO_ROOT / "tests" / "data" / "profile_small.json"
@@ -389,15 +390,24 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_prints_the_plan(small_profile):
-    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80", "--reload", "at_end")
+    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80", "--reload", "at_end",
+                     "--budget-rule", "deepspeed")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == make_plan(small_profile, 80, "at_end")
 
 
 def test_cli_budget_gb_is_decimal(small_profile):
-    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "8e-8")  # 80 bytes
+    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "8e-8", "--budget-rule", "deepspeed")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == make_plan(small_profile, 80)
+    assert json.loads(result.stdout) == make_plan(small_profile, 80)  # 8e-8 GB: 80 bytes
+
+
+def test_cli_plans_a_budget_by_the_rule_a_run_defaults_to(small_profile):
+    default = yaml.safe_load((REPO_ROOT / "conf" / "offload" / "default.yaml").read_text())["budget_rule"]
+    assert default == "step_model"
+    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == plan_offload(small_profile, 80, None, default)
 
 
 @pytest.mark.parametrize("args, key", [

@@ -109,7 +109,7 @@ def test_null_sub_group_size_means_deepspeeds_default():
 @pytest.mark.parametrize("overrides", [
     ["train.lr=1e-3"], ["train.reduce_bucket_size=5e7"], ["launcher.stall_timeout_s=null"],
     ["offload.budget_gb=0"], ["offload.budget_fraction=1"], ["model=llama3_8b"], ["train.seed=-3"],
-    ["arm=offload", "offload.peak_cap_gb=12", "offload.release=ordered"],
+    ["arm=offload", "offload.peak_cap_gb=12", "offload.release=ordered", "offload.budget_rule=deepspeed"],
     ["arm=offload", "offload.budget_gb=11", "offload.budget_rule=step_model"],
 ])
 def test_good_values_pass(overrides):

@@ -99,6 +99,7 @@ from harness.units import GB
 RELOAD_POLICIES = choices(OffloadConfig, "reload")
 RELEASE_POLICIES = choices(OffloadConfig, "release")
 BUDGET_RULES = choices(OffloadConfig, "budget_rule")
+DEFAULT_BUDGET_RULE = "step_model"  # conf/offload/default.yaml's; the CLI plans a budget as a run would
 
 
 # ---------------------------------------------------------------- planning
@@ -355,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="device size in GB: the least offload predicted to fit it, less the allocator overhead "
                              "the profile's run measured (the auto rule at a device limit; with a budget, "
                              "--budget-rule step_model fits the lesser of the two)")
-    parser.add_argument("--budget-rule", default="deepspeed",
-                        help=f"how a budget is planned: {' | '.join(BUDGET_RULES)}")
+    parser.add_argument("--budget-rule", default=DEFAULT_BUDGET_RULE,
+                        help=f"how a budget is planned: {' | '.join(BUDGET_RULES)} (default {DEFAULT_BUDGET_RULE}, "
+                             "as offload.budget_rule)")
     parser.add_argument("--reload", default="asap", help=f"reload policy: {' | '.join(RELOAD_POLICIES)}")
     parser.add_argument("--release", default="recorded", help=f"release policy: {' | '.join(RELEASE_POLICIES)}")
     parser.add_argument("--peak-cap-gb", type=float, default=None,
