@@ -139,7 +139,8 @@ def test_an_eager_arm_phases_come_from_its_phase_starts():
 @pytest.mark.parametrize("overrides", [["arm=zero3"], ["arm=deepcompile"], ["arm=ds_offload"],
                                        ["arm=ds_offload", "arm.variant=sync"], ["arm=offload"],
                                        ["arm=offload", "offload.mode=blocking"],
-                                       ["arm=offload", "offload.release=ordered", "offload.peak_cap_gb=12"]])
+                                       ["arm=offload", "offload.release=ordered", "offload.peak_cap_gb=12",
+                                        "offload.budget_rule=deepspeed"]])
 def test_every_arm_accepts_gradient_accumulation(overrides):
     cfg = config(*overrides, "train.grad_accum=4")
     validate(cfg, gpu_count=0)

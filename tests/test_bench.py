@@ -39,13 +39,15 @@ def test_report_prints_knobs_that_differ_and_loss_differences(tmp_path):
 
 
 def test_report_prints_bytes_as_gb_and_leaves_out_knobs_the_point_left_idle(tmp_path):
-    write_point(tmp_path, "0_ours", "offload", 0.125, [10.0, 9.0], budget_gb=11, auto_rule="margin")
+    write_point(tmp_path, "0_ours", "offload", 0.125, [10.0, 9.0], budget_gb=11, auto_rule="margin",
+                budget_rule="deepspeed")
     write_point(tmp_path, "1_auto", "offload", 0.125, [10.0, 9.0], budget_gb=None, auto_rule="margin",
                 budget_rule="step_model")
     text = report(load_points([tmp_path]))
     assert "planned offload 0.00 GB" in text and "planned offload 640 " not in text
-    # auto_rule picks a plan only without a budget: the budgeted point is not labelled by it, the auto one is
-    assert "  offload " in text and "offload[auto_rule=margin,budget_rule=step_model]" in text
+    # auto_rule picks a plan only without a budget, budget_rule only with one: each point is labelled by the
+    # knob that made its plan
+    assert "offload[budget_rule=deepspeed] " in text and "offload[auto_rule=margin] " in text
 
 
 def repeats(sweep: Path, arm: str, seconds: float, runs: int = 2, **kwargs) -> None:

@@ -512,7 +512,8 @@ def test_engine_micro_batches_follow_the_engines_accumulation_bookkeeping():
 DS_OK = {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}, "gradient_accumulation_steps": 1}
 OFFLOAD_OK = {"budget_gb": None, "budget_fraction": None, "margin": 0.2, "mode": "async",
               "empty_cache": "once_per_phase", "streams": "split", "reload": "asap", "release": "recorded",
-              "evict_from": "planning_step", "auto_rule": "margin", "budget_rule": "deepspeed", "peak_cap_gb": None}
+              "evict_from": "planning_step", "auto_rule": "margin", "budget_rule": "deepspeed", "peak_cap_gb": None,
+              "compose": "none"}
 
 
 def with_change(base: dict, path: str, value):

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.errors import ConfigError
-from harness.offload.plan import load_profile, make_plan, plan_to_json
+from harness.offload.plan import load_profile, make_plan, plan_offload, plan_to_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMALL_PROFILE_PATH = REPO_ROOT / "tests" / "data" / "profile_small.json"
@@ -392,13 +393,14 @@ UNPREDICTED = {"predicted_peak_bytes": None, "feasible": None}  # the small prof
 
 
 def test_cli_prints_the_plan(small_profile):
-    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80", "--reload", "at_end")
+    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80", "--reload", "at_end",
+                     "--budget-rule", "deepspeed")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {**make_plan(small_profile, 80, "at_end"), **UNPREDICTED}
 
 
 def test_cli_budget_gb_is_decimal(small_profile):
-    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "8e-8")  # 80 bytes
+    result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "8e-8", "--budget-rule", "deepspeed")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {**make_plan(small_profile, 80), **UNPREDICTED}
 
@@ -411,24 +413,38 @@ def test_cli_on_a_profile_without_the_step_models_readings_says_so_in_one_line_a
     # the capacity campaign's profiles predate the step model: the eager profile's peaks said feasible: false
     # for the 12.8 GB budget its point ran at
     profile = str(CAPACITY_PROFILES[0])
-    budget = run_cli("--profile", profile, "--budget-gb", "12.8")
+    budget = run_cli("--profile", profile, "--budget-gb", "12.8", "--budget-rule", "deepspeed")
     assert budget.returncode == 0, budget.stderr
     plan = json.loads(budget.stdout)
     assert plan["offloaded_bytes"] > 0 and (plan["predicted_peak_bytes"], plan["feasible"]) == (None, None)
     [line] = budget.stderr.splitlines()
     assert line.startswith("warning: ") and "measured_start_bytes" in line
-    for args in (["--device-gb", "16"], ["--budget-gb", "12.8", "--budget-rule", "step_model"]):
+    for args in (["--device-gb", "16"], ["--budget-gb", "12.8"]):  # the default rule, step_model
         refused = run_cli("--profile", profile, *args)  # these rules plan by the predicted peak
         assert refused.returncode == 2 and refused.stdout == ""
         [line] = refused.stderr.splitlines()
         assert line.startswith("profile: ") and "step_transient_bytes" in line
 
 
+@pytest.mark.slow
+def test_cli_plans_a_budget_by_the_rule_a_run_defaults_to(tmp_path):
+    from test_plan_step_model import measured_profile
+
+    default = yaml.safe_load((REPO_ROOT / "conf" / "offload" / "default.yaml").read_text())["budget_rule"]
+    assert default == "step_model"
+    profile = measured_profile(measured_start=100)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    result = run_cli("--profile", str(path), "--budget-bytes", "400")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == plan_offload(profile, 400, None, default)
+
+
 @pytest.mark.parametrize("args, key", [
     (["--profile", "missing.json", "--budget-gb", "1"], "profile"),
-    (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "-1"], "offload.budget_gb"),
-    (["--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "-1"], "offload.budget_bytes"),
-    (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "1", "--reload", "sometimes"], "offload.reload"),
+    (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "-1", "--budget-rule", "deepspeed"], "offload.budget_gb"),
+    (["--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "-1", "--budget-rule", "deepspeed"], "offload.budget_bytes"),
+    (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "1", "--reload", "sometimes", "--budget-rule", "deepspeed"], "offload.reload"),
     (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "1", "--budget-bytes", "5"], "--budget-bytes"),
     (["--profile", str(SMALL_PROFILE_PATH)], "--budget-gb"),
 ])

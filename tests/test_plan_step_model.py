@@ -207,7 +207,7 @@ def run_cli(tmp_path, profile: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_refuses_a_device_size_with_a_budget_planned_as_deepspeed(tmp_path):
-    result = run_cli(tmp_path, measured_profile(), "--device-gb", "1", "--budget-gb", "1")
+    result = run_cli(tmp_path, measured_profile(), "--device-gb", "1", "--budget-gb", "1", "--budget-rule", "deepspeed")
     assert result.returncode == 2 and "device_gb" in result.stderr and result.stderr.count("\n") == 1
 
 

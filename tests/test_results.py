@@ -214,3 +214,28 @@ def test_every_committed_figure_varies_its_x_axis_and_its_legend_lists_only_what
             assert (entry in series or entry.removesuffix(REFERENCE_SUFFIX) in references
                     or KEY_ENTRIES.get(entry) in keys or entry.startswith("emulated device") and "device" in keys), \
                 f"{campaign.name}: {name}'s legend lists {entry!r}, which it does not draw"
+
+
+def recorded_rules() -> dict[str, set[str]]:
+    """sweep.name -> the budget rules our pass's committed points ran with (before the key existed: DeepSpeed's)."""
+    rules: dict[str, set[str]] = {}
+    for campaign in CAMPAIGNS:
+        for config, _, _ in campaign_points(campaign.name):
+            if config["arm"]["name"] == "offload":
+                rule = config["offload"].get("budget_rule", "deepspeed")
+                rules.setdefault(config["sweep"]["name"], set()).add(rule)
+    return rules
+
+
+def test_every_campaign_with_committed_points_pins_the_rule_they_ran_with():
+    """step_model is the default now: an experiment whose committed points planned by DeepSpeed's sizing must say so,
+    or re-running it would plan another way."""
+    checked = 0
+    for sweep_name, rules in recorded_rules().items():
+        experiment = RESULTS.parent / "experiments" / f"{sweep_name}.yaml"
+        if not experiment.exists():  # "default": points of the GPU tests, which pin it in their overrides
+            continue
+        (rule,) = rules
+        assert (yaml.safe_load(experiment.read_text()).get("offload") or {}).get("budget_rule") == rule, experiment
+        checked += 1
+    assert checked >= 3  # capacity (also step_model's and pass_at_limit's), probe_limit, wide_limit

@@ -91,6 +91,7 @@ def test_heads_must_split_the_hidden_size_unless_head_dim_sets_their_width():
     ("offload.budget_gb=-1", "offload.budget_gb"),
     ("offload.budget_rule=cheapest", "offload.budget_rule"),
     ("offload.budget_rule=step_model offload.peak_cap_gb=12", "offload.peak_cap_gb"),  # it places under its own peak
+    ("offload.compose=selective_gather", "offload.compose"),  # selective gather only with prefetch
 ])
 def test_every_arm_refuses_a_bad_offload_knob(arm, override, key):
     # a sweep over arms with a typo in the offload group refuses every point, not only arm=offload's
@@ -109,8 +110,9 @@ def test_null_sub_group_size_means_deepspeeds_default():
 @pytest.mark.parametrize("overrides", [
     ["train.lr=1e-3"], ["train.reduce_bucket_size=5e7"], ["launcher.stall_timeout_s=null"],
     ["offload.budget_gb=0"], ["offload.budget_fraction=1"], ["model=llama3_8b"], ["train.seed=-3"],
-    ["arm=offload", "offload.peak_cap_gb=12", "offload.release=ordered"],
+    ["arm=offload", "offload.peak_cap_gb=12", "offload.release=ordered", "offload.budget_rule=deepspeed"],
     ["arm=offload", "offload.budget_gb=11", "offload.budget_rule=step_model"],
+    ["arm=offload", "offload.compose=prefetch"], ["arm=offload", "offload.compose=prefetch_selective_gather"],
 ])
 def test_good_values_pass(overrides):
     validate(config(*overrides), gpu_count=0)
@@ -212,3 +214,9 @@ def test_an_interpolation_that_cannot_resolve_names_its_key():
     with pytest.raises(ConfigError) as err:
         resolve(compose_point(["train.steps=${train.steps}"]))
     assert err.value.key == "train.steps"
+
+
+def test_a_bad_compose_value_is_one_line_naming_the_key_and_the_choices():
+    line = str(refusal("arm=offload", "offload.compose=all"))
+    assert "\n" not in line and line.startswith("offload.compose: ")
+    assert all(choice in line for choice in ("none", "prefetch", "prefetch_selective_gather"))

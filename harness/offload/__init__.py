@@ -31,7 +31,7 @@ def check_config(ds_config: dict, offload_cfg: dict) -> None:
 
     Refused:
     - bad knob values (offload.mode, .empty_cache, .streams, .reload, .release, the budget keys, .budget_rule,
-      .peak_cap_gb);
+      .peak_cap_gb, .compose);
     - ZeRO stage other than 3 (the pass moves ZeRO-3's fp32 partitions and optimizer states, per sub-group);
     - ZeRO-Offload of the optimizer (`zero_optimization.offload_optimizer.device` cpu/nvme): the states
       already live on the host and the optimizer runs there;
@@ -165,7 +165,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
         moved = runtime.evict_from_start(lambda: discover_tasks(optimizer))
         print(f"offload: {len(runtime.slots)} optimizer states ({moved / GB:.2f} GB) moved to the host before "
               "step 0 (offload.evict_from=start)", flush=True)
-    compile_schedule = schedule.build_schedule()
+    compile_schedule = schedule.build_schedule(offload_cfg["compose"])
     offload_pass = OffloadPass(
         runtime, optimizer, None if uses_device_rule(offload_cfg) else budget_bytes, offload_cfg["reload"],
         PlanFiles(run_dir),
@@ -173,7 +173,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
         current_phase=lambda: schedule.phase_at(compile_schedule, engine.global_steps),
         release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg),
         reduce_buckets=reduce_buckets(engine), budget_rule=offload_cfg["budget_rule"],
-        accumulation_recv_bytes=accumulation_recv_bytes(engine))
+        accumulation_recv_bytes=accumulation_recv_bytes(engine),
+        compose=offload_cfg["compose"], measure_allocated=lambda: int(torch.cuda.memory_allocated()))
     schedule.register_passes(engine, offload_pass)
     global _installed
     _installed = offload_pass

@@ -12,6 +12,12 @@ param_manager, bwd)`, run once per graph at the step where a schedule entry star
 - plan, forward, release=ordered: also up to graph_edit.RELEASE_SITES release ops, evenly spaced, each before a
   node. Which states each one frees is decided with the plan (the planner names a node per state; the state goes
   to the last site at or before it, so it is freed no later than planned).
+- before_compose (`offload.compose` only; right after gather/release, before DeepCompile's prefetch and selective
+  gather): keep the graph's profile and the allocator's reading as they are without those passes. The plan pass,
+  after them, plans on the kept readings (the step measured before planning ran without them, and profile.calibrate
+  anchors to it) and records what they hold: `prefetch_bytes`, the most prefetch raised a graph's profiled peak, and
+  `gathered_bytes`, what the allocator gained across selective gather, which allocates the buffers of the
+  parameters it keeps gathered when it runs (on the last backward graph). The planner counts both (profile.hold).
 - plan, backward: record the profile, call the planner (plan.py) on everything recorded so far, and insert this
   graph's reloads. The last backward graph (the first forward graph's) also gets the end-of-backward op; its
   plan, made from the complete profile, is final: it arms the runtime and is written to the run dir.
@@ -37,7 +43,7 @@ from harness import runfiles
 from harness.offload import ops
 from harness.offload.graph_edit import (insert_end_backward, insert_head_ops, insert_release_sites, insert_reloads,
                                         profiled_node_names, release_site_names, strip_offload_ops)
-from harness.offload.profiling import ProfileBuilder, graph_nodes_profile, memory_records
+from harness.offload.profiling import ProfileBuilder, graph_nodes_profile, memory_records, readings_before
 from harness.offload.plan import device_limit_bytes, plan_offload, plan_to_json
 from harness.offload.runtime import OffloadRuntime
 from harness.offload.states import discover_tasks
@@ -81,7 +87,8 @@ class OffloadPass:
                  files: PlanFiles, device_total_bytes: int, current_phase: Callable[[], int],
                  writes_files: Callable[[], bool] = _is_rank0, release_policy: str = "recorded",
                  cap_bytes: int | None = None, reduce_buckets: tuple[int, int] = (0, 0),
-                 budget_rule: str = "deepspeed", accumulation_recv_bytes: int = 0):
+                 budget_rule: str = "deepspeed", accumulation_recv_bytes: int = 0, compose: str = "none",
+                 measure_allocated: Callable[[], int] = lambda: 0):
         self.runtime = runtime
         self.zero_optimizer = zero_optimizer
         self.budget_bytes = budget_bytes
@@ -102,6 +109,10 @@ class OffloadPass:
         self.reduce_buckets = reduce_buckets  # (all, the largest one), bytes
         self.accumulation_recv_bytes = accumulation_recv_bytes  # backward's extra with gradient accumulation
         self._steady_step: dict | None = None  # the last steady step's record before the first plan
+        self.compose = compose  # DeepCompile's passes between before_compose and plan (schedule.COMPOSED_PASSES)
+        self.measure_allocated = measure_allocated  # the allocator's allocated bytes now
+        self._before: dict[tuple[int, bool], tuple[list, bool, int]] = {}  # (graph, bwd) -> records, complete, allocated
+        self._held = {"prefetch_bytes": 0, "gathered_bytes": 0}  # this phase's, measured across the composed passes
 
     def evict(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
               mem_budget, param_manager, bwd: bool) -> None:
@@ -114,6 +125,12 @@ class OffloadPass:
                 self._overhead_bytes = self.runtime.allocator_overhead_bytes()
         logger.info("offload: evicted %d optimizer states (%.2f GB) before profiling", len(self.runtime.slots),
                     moved / GB)
+        return None
+
+    def before_compose(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
+                       mem_budget, param_manager, bwd: bool) -> None:
+        mem, complete = memory_records(profiling_results, graph_id, bwd)
+        self._before[(graph_id, bwd)] = (mem, complete, self.measure_allocated())
         return None
 
     def plan(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
@@ -133,12 +150,27 @@ class OffloadPass:
 
     def _record(self, graph: Graph, graph_id: int, profiling_results, bwd: bool) -> None:
         mem, complete = memory_records(profiling_results, graph_id, bwd)
+        before = self._before.pop((graph_id, bwd), None)
+        if before is not None:
+            mem, complete = self._without_composed(graph, mem, complete, before)
         nodes, complete = graph_nodes_profile(graph, mem, complete, self.device_total_bytes, bwd)
         if not complete:
             logger.warning("offload: no complete memory profile for graph %d (bwd=%s); planning as if it used "
                            "the whole device", graph_id, bwd)
         # the first record is an input's: the profiler's reading before the graph allocates anything
         self._builder.add(graph_id, bwd, nodes, complete, int(mem[0][1]) if complete else None)
+
+    def _without_composed(self, graph: Graph, mem: list, complete: bool, before: tuple[list, bool, int]):
+        """The graph's readings without the composed passes, and what they hold added to this phase's count. Selective
+        gather's buffers were allocated before DeepCompile re-profiled the graph, so they are in its readings too:
+        they come off the rise before it counts as prefetch's."""
+        before_mem, before_complete, allocated = before
+        gathered = max(0, self.measure_allocated() - allocated) if "selective_gather" in self.compose else 0
+        self._held["gathered_bytes"] += gathered
+        if complete and before_complete and mem and before_mem:
+            rise = max(record[3] for record in mem) - max(record[3] for record in before_mem) - gathered
+            self._held["prefetch_bytes"] = max(self._held["prefetch_bytes"], rise)
+        return readings_before(profiled_node_names(graph), before_mem), before_complete
 
     def _start_phase(self) -> None:
         self.runtime.adopt(discover_tasks(self.zero_optimizer))
@@ -147,6 +179,7 @@ class OffloadPass:
         self._builder = ProfileBuilder(tasks, self.device_total_bytes)
         self._placements = {}
         self._release_sites = {}
+        self._held = {"prefetch_bytes": 0, "gathered_bytes": 0}
 
     def _plan_forward(self, graph: Graph, graph_id: int, graph_order, profiling_results) -> None:
         first = graph_id == graph_order[0][0]
@@ -199,6 +232,8 @@ class OffloadPass:
                  "allocator_overhead_bytes": self._device_rule_overhead()}
         if self.accumulation_recv_bytes:  # profile.json without accumulation stays as it was
             facts["accumulation_recv_bytes"] = self.accumulation_recv_bytes
+        if self.compose != "none":  # and without composition
+            facts.update(self._held)
         return {**facts, **self._measured_step(facts["measured_start_bytes"])}
 
     def _device_rule_overhead(self) -> int | None:

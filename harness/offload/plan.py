@@ -65,6 +65,11 @@ Definitions (all in bytes):
   step model instead of DeepSpeed's sizing: DeepSpeed's profile overstates the step, so at one budget this keeps
   more resident). With a measured peak it reloads during backward only what fits beside that peak; the rest
   comes back after backward, while the optimizer step works on the resident sub-groups, which it updates first.
+- One budget with DeepCompile's prefetch and selective gather (`offload.compose`): what they hold (profile.json
+  `prefetch_bytes`, `gathered_bytes`, measured on the GPU once they have run) is added to every forward and
+  backward node, and selective gather's to the step end (profile.hold). Every rule above then plans on those
+  peaks: the resident states fit (budget - held) and predicted_peak counts the held bytes. Nothing held: the plan
+  is the one without composition.
 - feasible  <=>  predicted_peak <= budget.
 
 Consequences (release=recorded, cap = budget): budget >= forward_peak + total offloads nothing (feasible once
@@ -100,6 +105,7 @@ from harness.units import GB
 RELOAD_POLICIES = choices(OffloadConfig, "reload")
 RELEASE_POLICIES = choices(OffloadConfig, "release")
 BUDGET_RULES = choices(OffloadConfig, "budget_rule")
+DEFAULT_BUDGET_RULE = "step_model"  # conf/offload/default.yaml's; the CLI plans a budget as a run would
 
 
 # ---------------------------------------------------------------- planning
@@ -201,7 +207,7 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: s
     cap_bytes = budget_bytes if cap_bytes is None else byte_count(cap_bytes, "offload.peak_cap_bytes")
     _check_policies(reload, release)
     n_resident = count_resident(parsed.tasks, budget_bytes, parsed.forward_peak_bytes)
-    plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release, predict_on=calibrate(parsed))
+    plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release, predict_on=parse_profile(profile))
     return {**plan, "budget_bytes": budget_bytes, "feasible": plan["predicted_peak_bytes"] <= budget_bytes,
             "rule": "budget"}
 
@@ -302,6 +308,8 @@ def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str,
         "outside_bytes": parsed.outside_bytes,
         "predicted_peak_bytes": predicted_peak,
         "feasible": predicted_peak <= cap_bytes,
+        **({"prefetch_bytes": parsed.prefetch_bytes, "gathered_bytes": parsed.gathered_bytes}
+           if parsed.held_bytes else {}),  # plans without composition keep their keys
     }
 
 
@@ -363,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="device size in GB: the least offload predicted to fit it, less the allocator overhead "
                              "the profile's run measured (the auto rule at a device limit; with a budget, "
                              "--budget-rule step_model fits the lesser of the two)")
-    parser.add_argument("--budget-rule", default="deepspeed",
-                        help=f"how a budget is planned: {' | '.join(BUDGET_RULES)}")
+    parser.add_argument("--budget-rule", default=DEFAULT_BUDGET_RULE,
+                        help=f"how a budget is planned: {' | '.join(BUDGET_RULES)} (default {DEFAULT_BUDGET_RULE}, "
+                             "as offload.budget_rule)")
     parser.add_argument("--reload", default="asap", help=f"reload policy: {' | '.join(RELOAD_POLICIES)}")
     parser.add_argument("--release", default="recorded", help=f"release policy: {' | '.join(RELEASE_POLICIES)}")
     parser.add_argument("--peak-cap-gb", type=float, default=None,

@@ -19,7 +19,10 @@ No torch. Written by the DeepCompile pass (graph_pass.py) from DeepSpeed's profi
 - `measured_fwd_bwd_peak_bytes` (the allocated peak of forward + backward on the last steady step before
   planning, less the states on the device then: the profiled graphs as they really run, compiled);
 - `allocator_overhead_bytes` (reserved less allocated after emptying the cache at the planning step: what the
-  allocator holds beyond the live bytes; the auto rule at a device limit subtracts it from the device size).
+  allocator holds beyond the live bytes; the auto rule at a device limit subtracts it from the device size);
+- `prefetch_bytes` and `gathered_bytes` (`offload.compose`): what DeepCompile's prefetch and selective-gather passes
+  hold on top of the nodes as profiled (see `hold`). Known only once those passes have run in the planning step on
+  the GPU, so the pass measures them there (graph_pass.py) and the planner takes them as inputs.
 """
 from __future__ import annotations
 
@@ -56,6 +59,13 @@ class Profile:
     reduce_bucket_bytes: int = 0
     measured_fwd_bwd_peak_bytes: int | None = None
     accumulation_recv_bytes: int = 0
+    prefetch_bytes: int = 0  # parameters DeepCompile's prefetch gathers ahead of their use, at most, at any node
+    gathered_bytes: int = 0  # parameters selective gather keeps gathered through the whole step
+
+    @property
+    def held_bytes(self) -> int:
+        """What the composed DeepCompile passes hold at a forward or backward node."""
+        return self.prefetch_bytes + self.gathered_bytes
 
     @property
     def bwd_positions(self) -> list[int]:
@@ -63,7 +73,8 @@ class Profile:
 
     @property
     def forward_peak_bytes(self) -> int:
-        return max((node.peak_bytes for node in self.nodes if not node.bwd), default=0)
+        # without forward nodes, what the composed passes hold is the forward's (nodes hold it after `hold`)
+        return max((node.peak_bytes for node in self.nodes if not node.bwd), default=self.held_bytes)
 
     @property
     def floor_bytes(self) -> int:
@@ -76,10 +87,12 @@ class Profile:
     @property
     def step_end_baseline_bytes(self) -> int:
         """What is allocated besides the states when the optimizer step runs: the forward's measured start (the
-        gradients' buffers persist across steps), else the last backward node's peak (older profiles)."""
+        gradients' buffers persist across steps), else the last backward node's peak (older profiles); plus the
+        parameters selective gather keeps gathered, which stay through the optimizer step (prefetched ones are
+        freed after their use)."""
         if self.measured_start_bytes is not None:
-            return self.measured_start_bytes
-        return self.nodes[self.bwd_positions[-1]].peak_bytes
+            return self.measured_start_bytes + self.gathered_bytes
+        return self.nodes[self.bwd_positions[-1]].peak_bytes  # parse_profile's nodes hold them already (`hold`)
 
 
 # What the run measured before planning, which the step model calibrates the eager profile by (calibrate). A profile
@@ -193,7 +206,8 @@ def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
     # Reloads can only go after backward nodes, and the step's end is measured from the last one.
     expect(any(node.bwd for node in nodes), "profile.graphs", "no backward graph with nodes")
     for key in ("device_total_bytes", "measured_start_bytes", "step_transient_bytes", "allocator_overhead_bytes",
-                "reduce_bucket_bytes", "measured_fwd_bwd_peak_bytes", "accumulation_recv_bytes"):
+                "reduce_bucket_bytes", "measured_fwd_bwd_peak_bytes", "accumulation_recv_bytes", "prefetch_bytes",
+                "gathered_bytes"):
         if profile.get(key) is not None:
             byte_count(profile[key], f"profile.{key}")
     measured = profile.get("measured_start_bytes")
@@ -203,8 +217,25 @@ def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
         outside = max(0, first_graph["start_alloc_bytes"] - measured)
     parsed = Profile(nodes, _parse_tasks(profile.get("tasks")), outside, measured,
                      profile.get("step_transient_bytes") or 0, profile.get("reduce_bucket_bytes") or 0,
-                     profile.get("measured_fwd_bwd_peak_bytes"), profile.get("accumulation_recv_bytes") or 0)
-    return calibrate(parsed) if calibrated else parsed
+                     profile.get("measured_fwd_bwd_peak_bytes"), profile.get("accumulation_recv_bytes") or 0,
+                     profile.get("prefetch_bytes") or 0, profile.get("gathered_bytes") or 0)
+    return hold(calibrate(parsed) if calibrated else parsed)
+
+
+def hold(profile: Profile) -> Profile:
+    """Every forward and backward node plus what the composed DeepCompile passes hold (`held_bytes`), so a plan that
+    fits the budget under these peaks fits (budget - held) under the nodes alone, and its predicted peak counts
+    them. Applied after `calibrate`: the measured step it anchors to ran before those passes (phase 0).
+    - prefetch (deepspeed/compile/passes/prefetch.py) moves all-gathers earlier, so parameters are gathered ahead
+      of their use, bounded per node by its buffer and by the device's total less that node's profiled peak;
+      `prefetch_bytes` is the most it adds at any node, counted at every node;
+    - selective gather (selective_gather.py) marks parameters persistent, chosen against the accelerator's free
+      memory and the profiled peaks, and allocates their gathered buffers when it runs, kept through every step:
+      `gathered_bytes`."""
+    if not profile.held_bytes:
+        return profile
+    return replace(profile, nodes=tuple(replace(node, peak_bytes=node.peak_bytes + profile.held_bytes)
+                                        for node in profile.nodes))
 
 
 def calibrate(profile: Profile) -> Profile:

@@ -74,6 +74,19 @@ def graph_nodes_profile(graph: Graph, mem: list, complete: bool, unknown_peak: i
              **({"inputs_freed_bytes": freed[name]} if bwd else {})} for name in names], True
 
 
+def readings_before(names: list[str], mem: list) -> list:
+    """DeepCompile's memory records of a graph from before a pass added nodes to it (prefetch's fused all-gathers),
+    completed for the graph as it is now: a node the earlier profile lacks reads as the node before it, which is
+    what it holds beside the parameters that pass gathers."""
+    records, previous, added = {record[0]: record for record in mem}, (0, 0), []
+    for name in names:
+        if name in records:
+            previous = (records[name][1], records[name][3])
+        else:
+            added.append((name, previous[0], 0, previous[1]))
+    return list(mem) + added
+
+
 def inputs_freed_before(graph: Graph) -> dict[str, int]:
     """Node name -> bytes of the graph's inputs whose last use came before it. The profiler holds every input until
     the graph ends; the compiled graph drops each after its last use (AOT autograd hands the backward its saved

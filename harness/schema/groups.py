@@ -120,6 +120,7 @@ class OffloadConfig(BudgetConfig):
     auto_rule: Literal["margin", "device_limit"]
     budget_rule: Literal["deepspeed", "step_model"]
     peak_cap_gb: Annotated[Optional[float], Number(low=0)]
+    compose: Literal["none", "prefetch", "prefetch_selective_gather"]  # DeepCompile's passes run beside ours
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
