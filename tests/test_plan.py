@@ -388,12 +388,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_cli_prints_the_plan(small_profile):
     result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80", "--reload", "at_end")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == make_plan(small_profile, 80, "at_end")
 
 
+@pytest.mark.slow
 def test_cli_budget_gb_is_decimal(small_profile):
     result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "8e-8")  # 80 bytes
     assert result.returncode == 0, result.stderr
@@ -408,6 +410,7 @@ def test_cli_budget_gb_is_decimal(small_profile):
     (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "1", "--budget-bytes", "5"], "--budget-bytes"),
     (["--profile", str(SMALL_PROFILE_PATH)], "--budget-gb"),
 ])
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line_naming_the_key(args, key):
     result = run_cli(*args)
     assert result.returncode == 2
@@ -416,6 +419,7 @@ def test_cli_bad_input_is_one_line_naming_the_key(args, key):
     assert len(lines) == 1 and key in lines[0]
 
 
+@pytest.mark.slow
 def test_cli_names_the_bad_key_inside_the_profile(tmp_path, small_profile):
     small_profile["tasks"][2]["bytes"] = -8
     path = tmp_path / "profile.json"
