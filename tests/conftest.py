@@ -40,6 +40,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def starts_python(args) -> bool:
+    """Whether a subprocess command line starts a Python interpreter (the driver, a CLI, a notebook's kernel)."""
+    program = os.fspath(args if isinstance(args, (str, bytes, os.PathLike)) else args[0])
+    program = program.decode() if isinstance(program, bytes) else program
+    return program == sys.executable or Path(program.split()[0]).name.startswith("python")
+
+
+FAST_TEST: list[str] = []  # the node id of the fast-tier test being set up, run or torn down, if any
+_execute_child = subprocess.Popen._execute_child
+
+
+def _execute_child_outside_the_fast_tier(self, args, *rest, **kwargs):
+    """The fast tier (`pytest -m "not slow"`) stays fast: a test that starts Python in a subprocess (the driver,
+    a CLI, a notebook's kernel), in its body or in a fixture it sets up, must be marked `slow`, and fails here
+    if it is not. Patched on Popen's class, so modules that imported Popen by name are guarded too."""
+    if FAST_TEST and starts_python(args):
+        pytest.fail(f"{FAST_TEST[0]} starts Python in a subprocess ({args!r:.120}): mark it slow", pytrace=False)
+    return _execute_child(self, args, *rest, **kwargs)
+
+
+subprocess.Popen._execute_child = _execute_child_outside_the_fast_tier
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not item.get_closest_marker("slow"):
+        FAST_TEST.append(item.nodeid)
+    try:
+        yield
+    finally:
+        FAST_TEST.clear()
+
+
 @pytest.fixture
 def run_file_mode() -> int:
     """The mode every run file gets under this process's umask (0644 under the usual 022)."""

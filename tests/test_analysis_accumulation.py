@@ -112,6 +112,7 @@ def test_the_other_tables_and_figures_keep_one_series_per_arm(points):
     assert set(throughput_vs_micro_batch(at_batch).data["series"]) == {"deepcompile", "ds_offload", "offload"}
 
 
+@pytest.mark.slow
 def test_the_notebook_writes_what_the_library_writes_and_nothing_without_such_points(points, tmp_path):
     assert run_notebook("throughput", Path(points["sweep"].iloc[0]), tmp_path / "notebook")
     library = accumulation.write_accumulation_files(points, tmp_path / "library")

@@ -255,6 +255,7 @@ def notebook_text(out_dir):
     return "".join(output.get("text", "") for cell in notebook.cells for output in cell.get("outputs", []))
 
 
+@pytest.mark.slow
 def test_the_notebook_writes_nothing_for_a_sweep_without_an_emulated_size(tmp_path):
     assert run_notebook("capacity", FIXTURE, tmp_path)
     assert "no emulated device size (env.device_memory_gb) in this sweep" in notebook_text(tmp_path)
@@ -262,6 +263,7 @@ def test_the_notebook_writes_nothing_for_a_sweep_without_an_emulated_size(tmp_pa
         [Path("notebooks/capacity.ipynb")]
 
 
+@pytest.mark.slow
 def test_the_notebook_writes_what_the_library_writes(ladder_dir, tmp_path):
     assert run_notebook("capacity", ladder_dir, tmp_path / "notebook")
     library = capacity.write_capacity_report(ladder_dir, tmp_path / "library")

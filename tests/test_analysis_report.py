@@ -67,6 +67,7 @@ def test_the_fixture_is_a_realistic_sweep():
         {"config.yaml", "env.json", "steps.jsonl", "summary.json", "index.jsonl"}
 
 
+@pytest.mark.slow
 def test_report_executes_every_notebook_and_writes_every_file(report):
     status, stdout, stderr, out_dir = report
     assert status == 0, stderr
@@ -84,6 +85,7 @@ def test_report_executes_every_notebook_and_writes_every_file(report):
             assert (out_dir / "figures" / f"{figure}{suffix}").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_throughput_cells_are_the_medians_of_the_steps_on_disk(report):
     *_, out_dir = report
     final_medians: dict[tuple, list[tuple[float, float]]] = {}
@@ -109,6 +111,7 @@ def test_throughput_cells_are_the_medians_of_the_steps_on_disk(report):
         assert shown.loc[label, f"mb {micro_batch} tok/s"].split(" ")[0] == format_number(tokens_per_s)
 
 
+@pytest.mark.slow
 def test_failed_points_appear_with_their_status(report):
     *_, out_dir = report
     shown = pd.read_csv(out_dir / "tables" / "throughput.csv", dtype=str, keep_default_na=False).set_index("arm")
@@ -122,6 +125,7 @@ def test_failed_points_appear_with_their_status(report):
         assert summary["status"].upper() in set(memory.loc[memory["arm"].str.startswith(label), "peak reserved (GB)"])
 
 
+@pytest.mark.slow
 def test_report_files_equal_the_library_output_byte_for_byte(report, tmp_path):
     *_, out_dir = report
     sweep = load_sweep(FIXTURE)
@@ -136,6 +140,7 @@ def test_report_files_equal_the_library_output_byte_for_byte(report, tmp_path):
         assert data.read_bytes() == (out_dir / folder / data.name).read_bytes(), data.name
 
 
+@pytest.mark.slow
 def test_a_malformed_run_file_gives_one_line_naming_it_and_the_rest_is_reported(tmp_path):
     sweep_dir = tmp_path / "sweep"
     shutil.copytree(FIXTURE, sweep_dir)
@@ -156,6 +161,7 @@ def test_a_malformed_run_file_gives_one_line_naming_it_and_the_rest_is_reported(
     assert all((tmp_path / "out" / "figures" / f"{figure}.pdf").stat().st_size > 0 for figure in FIGURES)
 
 
+@pytest.mark.slow
 def test_wrong_typed_step_values_are_named_once_and_every_notebook_still_runs(tmp_path):
     sweep_dir = tmp_path / "sweep"
     shutil.copytree(FIXTURE, sweep_dir)

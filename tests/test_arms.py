@@ -205,6 +205,7 @@ class Halves(EagerArm):
 """
 
 
+@pytest.mark.slow
 def test_an_arm_installed_as_an_entry_point_is_known_to_every_reader(tmp_path):
     (tmp_path / "halves_arm.py").write_text(HALVES)
     dist_info = tmp_path / "halves_arm-0.1.dist-info"  # what `pip install` of a package declaring it leaves

@@ -129,6 +129,7 @@ def signal_once_handled(signum: int) -> None:
     threading.Thread(target=send, daemon=True).start()
 
 
+@pytest.mark.slow
 def test_a_stop_signal_kills_the_ranks_and_names_the_status(tmp_path):
     signal_once_handled(signal.SIGUSR2)
     result = launch.run_workers(SLEEPER, dict(os.environ), tmp_path, timeout_s=60, echo=lambda line: None,
@@ -138,6 +139,7 @@ def test_a_stop_signal_kills_the_ranks_and_names_the_status(tmp_path):
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # handed back after the point
 
 
+@pytest.mark.slow
 def test_a_failed_peer_node_ends_this_node_as_died_at_once(tmp_path):
     node0 = nodes.NodePlace(0, 2, ("a", "b"), job_id="9", attempt=1)
     node1 = nodes.NodePlace(1, 2, ("a", "b"), job_id="9", attempt=1)
@@ -254,6 +256,7 @@ def run_dir_files(sweep: Path, run_dir: str) -> set[str]:
     return {str(p.relative_to(sweep / run_dir)) for p in (sweep / run_dir).rglob("*")}
 
 
+@pytest.mark.slow
 def test_submitit_local_sweep_writes_the_same_files_and_index_as_the_basic_launcher(tmp_path):
     sweeps = {}
     for launcher in ("local", "submitit_local"):  # side by side: much of a point is waiting
@@ -281,6 +284,7 @@ def test_submitit_local_sweep_writes_the_same_files_and_index_as_the_basic_launc
     assert (tmp_path / "submitit_local" / "sweep" / ".submitit").is_dir()
 
 
+@pytest.mark.slow
 def test_c10d_two_rank_point_records_rank_metrics_and_a_killed_rank_dies_fast(tmp_path):
     # A rank killed at step 1 must end the point as died at once: had its peer waited for the 2-minute
     # process-group timeout instead, the 60 s stall timeout (counted from step 0, so start-up on a slow machine
@@ -309,6 +313,7 @@ def test_c10d_two_rank_point_records_rank_metrics_and_a_killed_rank_dies_fast(tm
     assert died["reason"].startswith("rank ")
 
 
+@pytest.mark.slow
 def test_two_drivers_are_the_two_nodes_of_one_point_and_only_node_0_records_it(tmp_path):
     port = str(free_port())
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_JOB_NUM_NODES": "2"}
@@ -331,6 +336,7 @@ def test_two_drivers_are_the_two_nodes_of_one_point_and_only_node_0_records_it(t
     assert not list(run_dir.glob("node*.failed.json"))
 
 
+@pytest.mark.slow
 def test_slurm_time_limit_warning_records_timeout_with_the_steps_done(tmp_path):
     slurm = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NODEID": "0", "SLURM_JOB_END_TIME": str(int(time.time()) + 150)}

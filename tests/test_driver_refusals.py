@@ -28,6 +28,7 @@ def files_under(folder: Path) -> set[Path]:
     (["offload.budget_gb=1e300"], "offload.budget_gb"),
     (["+train.foo=1"], "train.foo"),  # an unknown key was accepted
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_config_error_line_and_exit_2(tmp_path, overrides, key):
     proc = harness_run(tmp_path, "logger=none", *overrides, fast=FAST)
     assert proc.returncode == 2, proc.stderr
@@ -39,6 +40,7 @@ def test_bad_input_is_one_config_error_line_and_exit_2(tmp_path, overrides, key)
         assert json.loads(summary.read_text())["reason"] == line.removeprefix("config error: ")
 
 
+@pytest.mark.slow
 def test_values_with_separators_never_leave_the_sweep_dir(tmp_path):
     sweep_dir = tmp_path / "out" / "x" / "y"
     cmd = [sys.executable, "-m", "harness.run", "-m", *FAST, "logger=none", "train.steps=0",
@@ -53,6 +55,7 @@ def test_values_with_separators_never_leave_the_sweep_dir(tmp_path):
     assert all("/" not in line["run_dir"] for line in index)
 
 
+@pytest.mark.slow
 def test_a_sweep_name_that_is_a_path_is_refused_before_anything_is_written(tmp_path):
     cwd = tmp_path / "a" / "b"
     cwd.mkdir(parents=True)
@@ -64,6 +67,7 @@ def test_a_sweep_name_that_is_a_path_is_refused_before_anything_is_written(tmp_p
     assert files_under(tmp_path) == set()
 
 
+@pytest.mark.slow
 def test_a_removed_key_is_a_refused_point_and_the_index_is_written(tmp_path):
     proc = harness_run(tmp_path, "logger=none", "~train.repeat", fast=FAST, multirun=True)
     assert proc.returncode == 0, proc.stderr  # every point was recorded
@@ -71,6 +75,7 @@ def test_a_removed_key_is_a_refused_point_and_the_index_is_written(tmp_path):
     assert (line["status"], line["reason"], line["repeat"]) == ("config_error", "train.repeat: missing", None)
 
 
+@pytest.mark.slow
 def test_a_point_whose_driver_fails_is_named_and_the_index_still_lists_the_others(tmp_path):
     sweep_dir = tmp_path / "sweep"
     first_point = sweep_dir / "0_model=tiny,train.repeat=0,train.steps=0"
@@ -84,6 +89,7 @@ def test_a_point_whose_driver_fails_is_named_and_the_index_still_lists_the_other
     assert f"warning: 1 point(s) left no summary: {first_point.name}" in proc.stderr
 
 
+@pytest.mark.slow
 def test_sweep_strict_fails_a_sweep_with_a_point_that_is_not_ok(tmp_path):
     sweep = ["logger=none", "train.steps=0", "train.repeat=0,1"]
     (tmp_path / "lenient").mkdir()

@@ -53,6 +53,7 @@ def test_the_allocation_an_oom_asks_for_is_read_from_cudas_message():
     assert emulated_device.requested_bytes("CUDA out of memory (injected by debug.fault=oom)") is None
 
 
+@pytest.mark.slow
 def test_the_size_reaches_every_rank_and_an_oom_point_says_where(tmp_path):
     # Two ranks on CPU: no allocator to cap (one line says so), but DeepSpeed's accelerator on every rank reports
     # the emulated size; rank 1 then runs out (injected) in step 2, and the summary says so.

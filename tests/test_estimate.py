@@ -26,6 +26,7 @@ def test_zero3_state_bytes_per_rank():
         == states["params"] + states["grads"]
 
 
+@pytest.mark.slow
 def test_estimate_only_prints_the_pr8186_sweep_and_launches_nothing(tmp_path):
     proc = subprocess.run(estimate_cmd("estimate_only=true"), cwd=tmp_path, capture_output=True, text=True,
                           timeout=300)
@@ -47,6 +48,7 @@ def test_estimate_only_prints_the_pr8186_sweep_and_launches_nothing(tmp_path):
     assert {seq for _, seq in seen} == {"train.seq_len=2048", "train.seq_len=2400"} and len(seen) == 18
 
 
+@pytest.mark.slow
 def test_the_old_flag_is_refused_in_one_line_naming_the_new_one(tmp_path):
     proc = subprocess.run(estimate_cmd("plan_only=true"), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stdout == ""

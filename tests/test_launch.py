@@ -56,6 +56,7 @@ def run(tmp_path, **kwargs) -> launch.LaunchResult:
                               echo=lambda line: None, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
 def test_ctrl_c_or_hangup_stops_every_process_of_the_point_and_names_it_interrupted(tmp_path, monkeypatch, signum):
     monkeypatch.setattr(launch, "_KILL_GRACE_S", 1.0)  # the rank ignores SIGTERM: it needs the SIGKILL after it
@@ -69,6 +70,7 @@ def test_ctrl_c_or_hangup_stops_every_process_of_the_point_and_names_it_interrup
     assert signal.getsignal(signum) is before  # handed back after the point
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_kills_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "_KILL_GRACE_S", 200.0)  # the grace the second Ctrl-C cuts short
     send_when_running(tmp_path, signal.SIGINT, signal.SIGINT)
@@ -77,6 +79,7 @@ def test_a_second_ctrl_c_kills_at_once(tmp_path, monkeypatch):
     assert result.wall_time_s < 100  # not the 200 s the rank's ignored SIGTERM would have cost
 
 
+@pytest.mark.slow
 def test_a_failure_in_the_driver_leaves_no_process_of_the_point_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "_KILL_GRACE_S", 1.0)
 
@@ -113,6 +116,7 @@ def test_a_point_that_stops_writing_steps_ends_as_a_timeout_naming_its_last_step
     assert launch.classify(result, tmp_path, 4, 6) == ("timeout", "no new step for 30 s after step 3 (4 of 6 steps)")
 
 
+@pytest.mark.slow
 def test_the_launch_loop_ends_a_stalled_point(tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "_KILL_GRACE_S", 1.0)
     calls = []

@@ -420,6 +420,7 @@ def assert_program_order_every_step(runtime, inserted: dict[str, list]) -> None:
         assert runtime.calls[step * len(program):(step + 1) * len(program)] == program
 
 
+@pytest.mark.slow
 def test_inductor_keeps_the_ops_in_program_order_after_their_anchors(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
     device = FakeDevice()
@@ -458,6 +459,7 @@ def test_inductor_keeps_the_ops_in_program_order_after_their_anchors(tmp_path, m
     assert all(number < end_line for number, _, _ in reloads)
 
 
+@pytest.mark.slow
 def test_inductor_runs_the_release_sites_in_program_order_and_frees_the_planned_states(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
     device = FakeDevice()

@@ -645,6 +645,7 @@ def _zero3_losses(steps: int, offload_from_step: int | None,
     return losses, seen
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
 def test_zero3_round_trip_keeps_the_losses_of_a_run_without_offload(monkeypatch):
     init_deepspeed_on_cpu(monkeypatch)
@@ -658,6 +659,7 @@ def test_zero3_round_trip_keeps_the_losses_of_a_run_without_offload(monkeypatch)
     assert seen["runtime"].fallback_reloads == 3
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
 def test_zero3_states_evicted_before_step_0_keep_the_losses(monkeypatch):
     """offload.evict_from=start on real ZeRO-3: step 0 (phase 0) updates with every state on the host between
@@ -671,6 +673,7 @@ def test_zero3_states_evicted_before_step_0_keep_the_losses(monkeypatch):
     assert seen["on_host_after_step"][1:] == [0] * 4  # after the plan, states stay for the next launch
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
 def test_zero3_ordered_release_and_held_states_keep_the_losses(monkeypatch):
     init_deepspeed_on_cpu(monkeypatch)
@@ -684,6 +687,7 @@ def test_zero3_ordered_release_and_held_states_keep_the_losses(monkeypatch):
     assert all(slot.held is None for slot in seen["runtime"].slots.values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
 @pytest.mark.parametrize("release_sites, copied_back", [(None, 3), ({"0:mid": ("1:fp32", "1:exp_avg")}, 2)])
 def test_zero3_with_accumulation_moves_the_states_once_per_optimizer_step(monkeypatch, release_sites, copied_back):

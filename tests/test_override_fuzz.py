@@ -86,6 +86,7 @@ def driver_verdict(overrides: list[str]) -> str | None:
     return None
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.sampled_from(KEYS), value=VALUES, force=st.booleans())
 def test_any_value_on_any_key_is_accepted_or_refused_in_one_line(key, value, force):

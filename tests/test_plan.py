@@ -392,6 +392,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 UNPREDICTED = {"predicted_peak_bytes": None, "feasible": None}  # the small profile has no step model readings
 
 
+@pytest.mark.slow
 def test_cli_prints_the_plan(small_profile):
     result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80", "--reload", "at_end",
                      "--budget-rule", "deepspeed")
@@ -399,6 +400,7 @@ def test_cli_prints_the_plan(small_profile):
     assert json.loads(result.stdout) == {**make_plan(small_profile, 80, "at_end"), **UNPREDICTED}
 
 
+@pytest.mark.slow
 def test_cli_budget_gb_is_decimal(small_profile):
     result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "8e-8", "--budget-rule", "deepspeed")
     assert result.returncode == 0, result.stderr
@@ -408,6 +410,7 @@ def test_cli_budget_gb_is_decimal(small_profile):
 CAPACITY_PROFILES = sorted((REPO_ROOT / "results" / "capacity" / "sweep").glob("*/profile.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CAPACITY_PROFILES, reason="no capacity results committed")
 def test_cli_on_a_profile_without_the_step_models_readings_says_so_in_one_line_and_predicts_nothing():
     # the capacity campaign's profiles predate the step model: the eager profile's peaks said feasible: false
@@ -448,6 +451,7 @@ def test_cli_plans_a_budget_by_the_rule_a_run_defaults_to(tmp_path):
     (["--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "1", "--budget-bytes", "5"], "--budget-bytes"),
     (["--profile", str(SMALL_PROFILE_PATH)], "--budget-gb"),
 ])
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line_naming_the_key(args, key):
     result = run_cli(*args)
     assert result.returncode == 2
@@ -456,6 +460,7 @@ def test_cli_bad_input_is_one_line_naming_the_key(args, key):
     assert len(lines) == 1 and key in lines[0]
 
 
+@pytest.mark.slow
 def test_cli_names_the_bad_key_inside_the_profile(tmp_path, small_profile):
     small_profile["tasks"][2]["bytes"] = -8
     path = tmp_path / "profile.json"

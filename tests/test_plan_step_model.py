@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -187,6 +188,7 @@ def test_more_device_never_moves_more(profile, limit_a, limit_b, reload):
         plan_for_device(profile, small, reload)["offloaded_bytes"]
 
 
+@pytest.mark.slow
 def test_cli_device_gb_plans_at_the_device_less_the_profiled_overhead(tmp_path):
     profile = measured_profile(measured_start=100)
     profile["allocator_overhead_bytes"] = 40
@@ -206,16 +208,19 @@ def run_cli(tmp_path, profile: dict, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO_ROOT, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_device_size_with_a_budget_planned_as_deepspeed(tmp_path):
     result = run_cli(tmp_path, measured_profile(), "--device-gb", "1", "--budget-gb", "1", "--budget-rule", "deepspeed")
     assert result.returncode == 2 and "device_gb" in result.stderr and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_cli_needs_a_budget_or_a_device_size(tmp_path):
     result = run_cli(tmp_path, measured_profile())
     assert result.returncode == 2 and "--device-gb" in result.stderr and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_cli_budget_rule_step_model_fits_the_lesser_of_budget_and_device(tmp_path):
     profile = {**measured_profile(measured_start=100), "allocator_overhead_bytes": 40}
     gb = lambda n: str(n / 1e9)  # noqa: E731

@@ -40,6 +40,7 @@ def name_the_planted_arm(config_file: Path) -> None:
     config_file.write_text(yaml.safe_dump(config))
 
 
+@pytest.mark.slow
 def test_a_run_dir_naming_a_module_never_makes_bench_report_or_load_sweep_import_it(tmp_path, monkeypatch):
     sweep_dir = tmp_path / "sweep"
     shutil.copytree(FIXTURE, sweep_dir)

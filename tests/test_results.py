@@ -21,6 +21,7 @@ def text_files(report_dir: Path) -> dict[str, bytes]:
             if path.suffix in REBUILT_SUFFIXES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("campaign", CAMPAIGNS, ids=lambda path: path.name)
 def test_the_committed_report_rebuilds_byte_for_byte(campaign, tmp_path):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as stderr:

@@ -76,6 +76,7 @@ def test_the_config_the_driver_writes_reads_back_the_same_without_omegaconf(tmp_
     assert read["sweep"]["name"] == "1e9" and read["train"]["lr"] == 1e-4 and read["extra"]["flag"] == "yes"
 
 
+@pytest.mark.slow
 def test_the_worker_imports_no_hydra_and_no_omegaconf():
     code = ("import sys, harness.worker; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf')))")

@@ -24,6 +24,7 @@ def file_modes(run_dir: Path) -> dict[str, int]:
     return {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir() if p.is_file()}
 
 
+@pytest.mark.slow
 def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     proc = harness_run(tmp_path, "logger=wandb", "arm.phase_starts=[0,2]", "train.measure_steps=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -58,6 +59,7 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     assert flat_summary(summary)["phase0/step_time_s/median"] == rows[1]["step_time_s"]
 
 
+@pytest.mark.slow
 def test_multirun_records_a_killed_point_and_goes_on(tmp_path):
     proc = harness_run(tmp_path, "logger=none", "debug.fault=null,kill", "debug.fault_step=1", multirun=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -77,6 +79,7 @@ BAD_OR_GOOD = {"launcher.timeout_s": ("abc", "600"),                # type
                "train.seed": ("${oc.env:HARNESS_TEST_UNSET}", "7")}  # an interpolation that cannot resolve
 
 
+@pytest.mark.slow
 def test_a_sweep_of_bad_values_records_every_point_and_writes_its_index(tmp_path):
     sweep = [f"{key}={bad},{good}" for key, (bad, good) in BAD_OR_GOOD.items()]
     proc = harness_run(tmp_path, "logger=none", *sweep, multirun=True)
@@ -100,6 +103,7 @@ def test_a_sweep_of_bad_values_records_every_point_and_writes_its_index(tmp_path
     assert "Traceback" not in proc.stderr  # every refusal is one line
 
 
+@pytest.mark.slow
 def test_oom_and_timeout_are_recorded_with_their_status(tmp_path):
     # The hang is caught by the stall timeout, whose clock starts at the first step: however slow start-up is
     # on a loaded machine, both steps before the fault are written first (the whole-point timeout_s would
@@ -137,6 +141,7 @@ def all_gone(processes: list[psutil.Process], within_s: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hung", [False, True], ids=["training", "hung"])
 def test_ctrl_c_stops_every_rank_records_the_point_interrupted_and_ends_the_sweep(tmp_path, hung):
     fault = ["debug.fault=hang", "debug.fault_step=2"] if hung else []
@@ -164,6 +169,7 @@ def test_ctrl_c_stops_every_rank_records_the_point_interrupted_and_ends_the_swee
         assert len(rows) == 2
 
 
+@pytest.mark.slow
 def test_sigterm_outside_slurm_records_the_point_ends_the_sweep_and_exits_143(tmp_path):
     cmd = harness_cmd(tmp_path, "logger=none", "train.measure_steps=100000", "train.repeat=0,1", multirun=True)
     with open(tmp_path / "driver.out", "w") as out:
@@ -183,6 +189,7 @@ def test_sigterm_outside_slurm_records_the_point_ends_the_sweep_and_exits_143(tm
     assert summary["steps_completed"] == len(rows) >= 2
 
 
+@pytest.mark.slow
 def test_a_failed_single_point_exits_1_so_a_script_can_tell(tmp_path):
     proc = harness_run(tmp_path, "logger=none", "debug.fault=kill", "debug.fault_step=1")
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -202,6 +209,7 @@ LONG_POINT = [
 ]
 
 
+@pytest.mark.slow
 def test_a_sweep_point_with_30_overrides_gets_a_folder_name_that_fits(tmp_path):
     # the two points differ in train.lr only; the second is refused, so only the first launches
     proc = harness_run(tmp_path, "logger=none", *LONG_POINT, "train.lr=0.001,-1", multirun=True)
@@ -217,6 +225,7 @@ def test_a_sweep_point_with_30_overrides_gets_a_folder_name_that_fits(tmp_path):
         assert config["train"]["lr"] == lr and config["offload"]["margin"] == 0.25
 
 
+@pytest.mark.slow
 def test_two_rank_gloo_run(tmp_path, run_file_mode):
     # rank 0 profiles step 2; the memory trace and the reserved cap need CUDA: on CPU each is skipped with a line,
     # and the run goes on. The cap is set when the last phase the run reaches begins, also when a later phase
@@ -289,6 +298,7 @@ def test_reserved_cap_bounds_reserved_memory_on_cuda(tmp_path):
     assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in free_rows], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_cuda_arm_on_cpu_is_skipped_not_crashed(tmp_path):
     proc = harness_run(tmp_path, "logger=none", "arm=deepcompile")
     assert proc.returncode == 1, proc.stderr[-3000:]  # a single point exits 0 only when ok
@@ -312,6 +322,7 @@ class Halves(EagerArm):
 '''
 
 
+@pytest.mark.slow
 def test_a_new_arm_is_one_class_and_one_yaml(tmp_path):
     """The class in a module of its own (here outside the repo, on PYTHONPATH), its YAML in a config dir of its
     own (given with Hydra's --config-dir): the driver, the validation and the worker pick it up, nothing else edited."""
@@ -336,6 +347,7 @@ def test_a_new_arm_is_one_class_and_one_yaml(tmp_path):
     (["model=nonexistent"], "model"),
     *BAD_VALUES,
 ])
+@pytest.mark.slow
 def test_bad_input_exits_nonzero_with_one_line_and_records_nothing_ok(tmp_path, overrides, key):
     proc = harness_run(tmp_path, "logger=none", *overrides)
     assert proc.returncode != 0
@@ -347,6 +359,7 @@ def test_bad_input_exits_nonzero_with_one_line_and_records_nothing_ok(tmp_path, 
     assert not (tmp_path / "run" / "steps.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_rerun_into_the_same_folder_keeps_the_earlier_attempt_whole(tmp_path):
     first = harness_run(tmp_path, "logger=none", "train.steps=0")
     second = harness_run(tmp_path, "logger=none", "train.micro_batch=0")

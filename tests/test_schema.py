@@ -117,6 +117,7 @@ def test_every_key_of_every_group_has_a_field_and_every_field_a_key(overrides):
         compare(name, group, cfg[name])
 
 
+@pytest.mark.slow
 def test_the_offload_pass_the_planner_and_bench_read_their_choices_from_the_schema():
     assert runtime.MODES == schema.choices(schema.OffloadConfig, "mode")
     assert runtime.EMPTY_CACHE_POLICIES == schema.choices(schema.OffloadConfig, "empty_cache")

@@ -16,7 +16,7 @@ from conftest import driver_env
 from harness.runfiles import read_jsonl
 from slurm_cluster import Cluster, ClusterUnavailable
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 FAST = ["model=tiny", "train.seq_len=32", "logger=none", "launcher=slurm", "launcher.nproc_per_node=1"]
 harness_cmd = partial(conftest.harness_cmd, fast=FAST, multirun=True)
