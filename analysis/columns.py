@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import fields
 from typing import Any
 
 from harness.arms.registry import TARGET
@@ -43,6 +44,9 @@ CONFIG_COLUMNS = {
 }
 # Keys added after some committed runs were recorded: what those runs did, which their config cannot name.
 BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed", "train.warmup_steps": 0}
+# offload.auto_rule has no such constant: before the key, our pass planned without a budget by the device rule for
+# a while (its default then), and by DeepSpeed's margin before that. The plan says which (recorded_auto_rule).
+AUTO_RULE = "offload.auto_rule"
 SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
                    "planned_offload_bytes", "predicted_peak_bytes", "device_memory_bytes", "steady")
 # summary.json's `oom` block (where and by how much a point ran out of memory) as oom_<field> columns.
@@ -50,7 +54,9 @@ OOM_FIELDS = ("stage", "phase", "step", "requested_bytes", "free_bytes", "limit_
               "allocated_bytes", "message")
 OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
 # Columns saying where a point came from or what it measured, never how it was configured.
+PLAN_COLUMNS = ("plan_rule", "plan_budget_bytes")  # plan.json's (harness.reader.PlanFacts)
 RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS,
+                            *PLAN_COLUMNS,
                             *OOM_COLUMNS, "steady_reasons", "machine_flags"))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout, how many
@@ -89,16 +95,38 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
     row = {column: cell_value(lookup(config, key, BEFORE_THE_KEY.get(key))) for key, column in CONFIG_COLUMNS.items()}
     arm = config.get("arm") if isinstance(config.get("arm"), Mapping) else {}
     covered = set(CONFIG_COLUMNS)
+    knobs = arm_knobs(config)
     for knob, value in arm.items():
-        if knob not in ("name", TARGET) and not isinstance(value, Mapping):  # TARGET names the arm's class
-            row[f"arm_{knob}"] = cell_value(value)
-            covered.add(f"arm.{knob}")
+        covered.add(f"arm.{knob}")
+        if knob not in ("name", TARGET) and not isinstance(value, Mapping) and (knobs is None or knob in knobs):
+            row[f"arm_{knob}"] = cell_value(value)  # TARGET names the arm's class
     for key in override_keys:
         value = lookup(config, key, MISSING)
         if key in covered or isinstance(value, Mapping):  # a Mapping is a named group: arm=zero3 -> arm.name
             continue
         row[key] = overrides.get(key) if value is MISSING else cell_value(value)
     return offload_as_the_arm_read_it(row, config)
+
+
+def recorded_auto_rule(config: Mapping[str, Any], plan_rule: str | None, planned: bool) -> Mapping[str, Any]:
+    """The config with the auto rule that made the plan, where the config predates offload.auto_rule and our pass
+    planned without a budget (`planned`: the run left a plan.json): its plan's rule `device_limit`, else (a plan
+    naming a budget's rule, or none from before the device rule) DeepSpeed's `margin`. Any other config as it is."""
+    known = arm_class(config)
+    offload = config.get("offload")
+    if not planned or known is None or "auto_rule" not in known.offload_keys or not isinstance(offload, Mapping) \
+            or lookup(config, AUTO_RULE, MISSING) is not MISSING \
+            or offload.get("budget_gb") is not None or offload.get("budget_fraction") is not None:
+        return config
+    rule = "device_limit" if plan_rule == "device_limit" else "margin"
+    return {**config, "offload": {**offload, "auto_rule": rule}}
+
+
+def arm_knobs(config: Mapping[str, Any]) -> set[str] | None:
+    """The knobs the point's arm has (its class's fields): a key older configs wrote under `arm` that the class
+    does not read (our pass's `schedule`, say) is no knob of it, and labels leave it out. None: an unknown arm."""
+    known = arm_class(config)
+    return None if known is None else {field.name for field in fields(known)}
 
 
 def offload_as_the_arm_read_it(row: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.columns import cell_value, config_row, summary_row
+from analysis.columns import cell_value, config_row, recorded_auto_rule, summary_row
 from harness.reader import Problem, RunFiles, read_sweep
 from harness.sinks import job_order
 from harness.units import GB
@@ -77,8 +77,11 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 def _point_row(sweep_dir: Path, point: RunFiles, override_keys: list[str]) -> dict[str, Any]:
     row = {"sweep": str(sweep_dir), "run_dir": point.run_dir, "overrides": " ".join(point.overrides)}
-    row.update(config_row(point.config, override_keys, _override_values(point.overrides)))
+    config = recorded_auto_rule(point.config, point.plan and point.plan.rule, planned=point.plan is not None)
+    row.update(config_row(config, override_keys, _override_values(point.overrides)))
     row.update(summary_row(point.summary))
+    row["plan_rule"] = point.plan and point.plan.rule
+    row["plan_budget_bytes"] = point.plan and point.plan.budget_bytes
     row.update({f"env_{key}": cell_value(value) for key, value in (point.env or {}).items()})
     row["budget_resolved_gb"] = resolved_budget_gb(row)
     return row
@@ -91,10 +94,13 @@ def _override_values(overrides: Iterable[str]) -> dict[str, str]:
 
 
 def resolved_budget_gb(row: Mapping[str, Any]) -> float | None:
-    """The budget the point planned against: the driver's resolved bytes, else the configured GB."""
-    budget_bytes = row.get("budget_bytes")
-    if budget_bytes is not None and not pd.isna(budget_bytes):
-        return budget_bytes / GB
+    """The budget the point planned against: its plan's (our pass's device rule plans against the device less the
+    overhead it measured, not the budget the driver resolved), else the driver's resolved bytes, else the configured
+    GB."""
+    for column in ("plan_budget_bytes", "budget_bytes"):
+        budget_bytes = row.get(column)
+        if budget_bytes is not None and not pd.isna(budget_bytes):
+            return budget_bytes / GB
     return row.get("budget_gb")
 
 

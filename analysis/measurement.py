@@ -55,6 +55,16 @@ def _runs(group: pd.DataFrame, times: Mapping[tuple[str, str], list[float]]) -> 
     return [times[(sweep, run_dir)] for sweep, run_dir in zip(ok["sweep"], ok["run_dir"]) if (sweep, run_dir) in times]
 
 
+def runs_by_design_point(points: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[dict, str, pd.DataFrame,
+                                                                                    list[list[float]]]]:
+    """Per design point, in the tables' order: a representative row, its label, its runs (every status) and the
+    measured step times of each ok run, as measurement_table estimates from them."""
+    points_design = design(points)
+    times = measured_times(points, steps)
+    return [(row, points_design.label(row), group, _runs(group, times))
+            for row, group in _design_points(points, points_design)]
+
+
 def _counts(runs: Sequence[Sequence[float]]) -> str:
     """`3×20` when every run measured as many steps, else each run's count."""
     counts = [len(run) for run in runs]

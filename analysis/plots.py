@@ -9,24 +9,33 @@ from pathlib import Path
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from analysis.design import Design, along_axis, design, format_value, is_idle, is_missing
+from analysis.design import Design, along_axis, design, format_value, is_idle, is_missing, varies
 from analysis.layout import legend_below, wrap
 from analysis.load import GB, OK
 from analysis.render import to_csv
-from analysis.tables import (NON_OFFLOAD_ARMS, OFFLOAD_ARMS, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S,
-                             aggregate_repeats, order_key)
+from analysis.tables import (BUDGET_SOURCE, NON_OFFLOAD_ARMS, OFFLOAD_ARMS, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S,
+                             WORKLOAD_COLUMNS, aggregate_repeats, budget_label, failed_statuses, order_key,
+                             with_budget_source, with_planned_budgets)
+from harness import stats
 from harness.arms import Arm, registered
 from harness.sinks import job_order
 
 # Each arm's colour and marker (harness/arms/), so arms stay apart in greyscale too.
 ARM_STYLES = {name: (arm.display.colour, arm.display.marker) for name, arm in registered().items()}
 OTHER_ARM_STYLE = (Arm.display.colour, Arm.display.marker)
+# A second and later series of one arm keeps its colour and takes the next of these markers and line styles, so
+# series of one arm stay apart (one-point series by their marker); none is another arm's marker, and dashed and
+# dotted lines are left to the offloaded twin and the references.
+MORE_MARKERS = ("*", "P", "X", "h", "<", ">", "p", "d")
+MORE_LINESTYLES = ("-.", (0, (5, 1, 1, 1, 1, 1)), "-")
+MORE_MARKER_SIZE = 7  # these markers fill less of their box than the arms' own
 BUDGET_COLUMNS = ("budget_gb", "budget_fraction", "margin")
 OFFLOADED_STYLE = {"linestyle": "--", "markerfacecolor": "none"}  # GB offloaded per step, beside the step time
 FAILURE_FONTSIZE = 6
@@ -62,6 +71,32 @@ def arm_style(arm: str) -> tuple[str, str]:
     return ARM_STYLES.get(arm, OTHER_ARM_STYLE)
 
 
+@dataclass(frozen=True)
+class SeriesStyle:
+    colour: str
+    marker: str
+    linestyle: object = "-"
+
+    @property
+    def markersize(self) -> float:
+        return MORE_MARKER_SIZE if self.marker in MORE_MARKERS else mpl.rcParams["lines.markersize"]
+
+
+def series_styles(frame: pd.DataFrame) -> dict[str, SeriesStyle]:
+    """Each series' style: its arm's colour; the arm's first series its marker and a solid line, the arm's later
+    series the next of MORE_MARKERS and MORE_LINESTYLES, so that no two series of one arm look alike."""
+    styles: dict[str, SeriesStyle] = {}
+    per_arm: dict[str, int] = {}
+    for series, arm in frame[["series", "arm"]].drop_duplicates("series").itertuples(index=False):
+        colour, marker = arm_style(arm)
+        position = per_arm[arm] = per_arm.get(arm, -1) + 1
+        if position:
+            marker = MORE_MARKERS[(position - 1) % len(MORE_MARKERS)]
+        styles[series] = SeriesStyle(colour, marker, "-" if not position else
+                                     MORE_LINESTYLES[(position - 1) % len(MORE_LINESTYLES)])
+    return styles
+
+
 def save_plot(plot: Plot, out_dir: str | Path) -> list[Path]:
     """<name>.pdf, <name>.png and <name>_data.csv; no timestamps, so the same plot gives the same files."""
     out_dir = Path(out_dir)
@@ -82,8 +117,9 @@ def _iqr(frame: pd.DataFrame, median: str, p25: str, p75: str) -> tuple[list[flo
 
 def annotate_failures(ax, failed: pd.DataFrame, x_column: str) -> None:
     """Failed points sit at their x above the axis as 'series: STATUS' (wrapped), never as a number;
-    several at one x stack upwards."""
-    at_bottom = blended_transform_factory(ax.transData, ax.transAxes)
+    several at one x stack upwards. A text near either end of the x axis runs inwards from its x, so that it
+    stays inside the axes."""
+    placed = []  # (x, height as an axes fraction, text, colour)
     stacked: dict[float, float] = {}  # x -> the height (axes fraction) where the next text starts
     for row in failed.to_dict("records"):
         if is_missing(row[x_column]):
@@ -91,12 +127,18 @@ def annotate_failures(ax, failed: pd.DataFrame, x_column: str) -> None:
         text = wrap(f"{row['series']}: {row['failed']}", FAILURE_TEXT_WIDTH_PT, FAILURE_FONTSIZE)
         height = stacked.get(row[x_column], 0.03)
         stacked[row[x_column]] = height + 0.07 + 0.05 * text.count("\n")
-        ax.text(row[x_column], height, text, transform=at_bottom, fontsize=FAILURE_FONTSIZE,
-                color=arm_style(row["arm"])[0], ha="center", va="bottom")
+        placed.append((row[x_column], height, text, arm_style(row["arm"])[0]))
     if stacked:  # widen the x axis to the failures' x without touching y
         y = ax.dataLim.y0 if math.isfinite(ax.dataLim.y0) else 0.0
         ax.update_datalim([(x, y) for x in stacked])
         ax.autoscale_view()
+    at_bottom = blended_transform_factory(ax.transData, ax.transAxes)
+    low, high = ax.get_xlim()
+    for x, height, text, colour in placed:
+        where = (x - low) / (high - low) if high > low else 0.5
+        align = "right" if where > 0.7 else "left" if where < 0.3 else "center"
+        ax.text(x, height, text, transform=at_bottom, fontsize=FAILURE_FONTSIZE, color=colour, ha=align,
+                va="bottom", multialignment=align)
 
 
 def _no_data(ax, what: str) -> None:
@@ -122,25 +164,26 @@ def data_rows(frame: pd.DataFrame, kind: str, x: str, y: str, low: list[float] |
 
 
 def median_with_iqr(ax, frame: pd.DataFrame, series: str, kind: str, x: str, y: str, p25: str,
-                     p75: str) -> pd.DataFrame:
-    """One series as medians with p25-p75 error bars in its arm's style; returns what it drew."""
-    colour, marker = arm_style(frame["arm"].iloc[0])
+                     p75: str, style: SeriesStyle | None = None) -> pd.DataFrame:
+    """One series as medians with p25-p75 error bars in its style (default: its arm's); returns what it drew."""
+    style = style or SeriesStyle(*arm_style(frame["arm"].iloc[0]))
     low, high = _iqr(frame, y, p25, p75)
-    ax.errorbar(frame[x], frame[y], yerr=[low, high], color=colour, marker=marker, label=series)
+    ax.errorbar(frame[x], frame[y], yerr=[low, high], color=style.colour, marker=style.marker,
+                markersize=style.markersize, linestyle=style.linestyle, label=series)
     return data_rows(frame, kind, x, y, low, high)
 
 
 def _budget_points(points: pd.DataFrame, values: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Offload arms by budget (ok and failed) and the non-offload arms' ok rows, as series labelled by what
-    varies between these points (the figure shows no other)."""
+    varies between these points (the figure shows no other); a point planned without a budget is a series of its
+    own, named by the rule that made its budget (tables.budget_label)."""
     shown = points[points["arm"].isin(OFFLOAD_ARMS)
                    | (points["arm"].isin(NON_OFFLOAD_ARMS) & (points["status"] == OK))]
     points_design = design(shown)
-    aggregated = with_series(aggregate_repeats(shown, points_design.keys, [*values, "budget_resolved_gb"]),
-                             points_design, BUDGET_COLUMNS)
-    # A failed point has no resolved budget; place it at the configured one.
-    if "budget_gb" in aggregated:
-        aggregated["budget_resolved_gb"] = aggregated["budget_resolved_gb"].fillna(aggregated["budget_gb"])
+    keys = [*points_design.keys, BUDGET_SOURCE]
+    sourced = with_budget_source(shown)
+    aggregated = with_planned_budgets(aggregate_repeats(sourced, keys, [*values, "budget_resolved_gb"]), sourced, keys)
+    aggregated["series"] = [budget_label(points_design, row) for row in aggregated.to_dict("records")]
     offload = aggregated[aggregated["arm"].isin(OFFLOAD_ARMS)].sort_values(["series", "budget_resolved_gb"])
     references = aggregated[aggregated["arm"].isin(NON_OFFLOAD_ARMS) & (aggregated["n_ok"] > 0)]
     return offload[offload["n_ok"] > 0], offload[offload["n_ok"] == 0], references
@@ -167,12 +210,14 @@ def step_time_vs_budget(points: pd.DataFrame) -> Plot:
         figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")
         offloaded_ax = ax.twinx()
         offloaded_ax.grid(False)
+        styles = series_styles(ok)
         for series, frame in ok.groupby("series", sort=False):
-            data.append(median_with_iqr(ax, frame, series, "step_time_s", "budget_resolved_gb", STEP_TIME, p25, p75))
+            data.append(median_with_iqr(ax, frame, series, "step_time_s", "budget_resolved_gb", STEP_TIME, p25, p75,
+                                        styles[series]))
             if frame["final_offload_bytes_median"].notna().any():
-                colour, marker = arm_style(frame["arm"].iloc[0])
                 offloaded_ax.plot(frame["budget_resolved_gb"], frame["final_offload_bytes_median"] / GB,
-                                  color=colour, marker=marker, **OFFLOADED_STYLE)
+                                  color=styles[series].colour, marker=styles[series].marker,
+                                  markersize=styles[series].markersize, **OFFLOADED_STYLE)
                 data.append(data_rows(frame, "offloaded_gb", "budget_resolved_gb",
                                       "final_offload_bytes_median", scale=GB))
         for row in references.to_dict("records"):
@@ -199,8 +244,9 @@ def peak_reserved_vs_budget(points: pd.DataFrame) -> Plot:
     data = []
     with mpl.rc_context(PAPER_RC):
         figure, ax = plt.subplots(figsize=(4.8, 3.2), layout="constrained")
+        styles = series_styles(ok)
         for series, frame in ok.groupby("series", sort=False):
-            data.append(peak_reserved_with_spread(ax, frame, series, "budget_resolved_gb"))
+            data.append(peak_reserved_with_spread(ax, frame, series, "budget_resolved_gb", styles[series]))
         budgets = sorted(pd.concat([ok["budget_resolved_gb"], failed["budget_resolved_gb"]]).dropna().unique())
         if budgets:
             ax.plot(budgets, budgets, color="black", linestyle="--", linewidth=0.8, label="budget")
@@ -218,14 +264,16 @@ def peak_reserved_vs_budget(points: pd.DataFrame) -> Plot:
     return Plot("peak_reserved_vs_budget", figure, concat_data(data))
 
 
-def peak_reserved_with_spread(ax, frame: pd.DataFrame, series: str, x: str) -> pd.DataFrame:
-    """One series of final-phase peak reserved (GB) in its arm's style, bars from min to max over repeats;
-    returns what it drew."""
-    colour, marker = arm_style(frame["arm"].iloc[0])
+def peak_reserved_with_spread(ax, frame: pd.DataFrame, series: str, x: str,
+                              style: SeriesStyle | None = None) -> pd.DataFrame:
+    """One series of final-phase peak reserved (GB) in its style (default: its arm's), bars from min to max over
+    repeats; returns what it drew."""
+    style = style or SeriesStyle(*arm_style(frame["arm"].iloc[0]))
     low = list(frame[PEAK_RESERVED] - frame[f"{PEAK_RESERVED}_min"])
     high = list(frame[f"{PEAK_RESERVED}_max"] - frame[PEAK_RESERVED])
     ax.errorbar(frame[x], frame[PEAK_RESERVED] / GB, yerr=[[v / GB for v in low], [v / GB for v in high]],
-                color=colour, marker=marker, label=series)
+                color=style.colour, marker=style.marker, markersize=style.markersize, linestyle=style.linestyle,
+                label=series)
     return data_rows(frame, "peak_reserved_gb", x, PEAK_RESERVED, low, high, scale=GB)
 
 
@@ -233,6 +281,87 @@ def _reference_rows(references: pd.DataFrame, value: str, scale: float = 1.0) ->
     return pd.DataFrame({"series": references["series"].tolist(), "kind": "reference", "x": math.nan,
                          "y": (references[value] / scale).tolist(), "y_low": math.nan, "y_high": math.nan,
                          "status": OK})
+
+
+ESTIMATE_KEY = "median over runs, 95% interval"
+RUN_MEDIAN_KEY = "one run's median"
+RUN_OFFSET = 0.14  # how far right (in categories) the runs' medians sit beside their point's estimate
+
+
+def arms_at_one_point(points: pd.DataFrame) -> bool:
+    """Whether the sweep's ok points, of two arms or more, share one workload and one budget (the limit
+    campaigns: our pass and DeepSpeed's at 11 GB, repeated): no figure against an axis shows them apart, so
+    step_time_by_arm draws them side by side."""
+    from analysis.measurement import LIMIT_COLUMNS
+
+    ok = points[points["status"] == OK]
+    shared = [column for column in (*WORKLOAD_COLUMNS, *LIMIT_COLUMNS) if column in ok]
+    return ok["arm"].nunique() > 1 and not budget_swept(ok) and not any(varies(ok[column]) for column in shared)
+
+
+def step_time_by_arm(points: pd.DataFrame, steps: pd.DataFrame) -> Plot:
+    """Final-phase step time of each design point at one workload and budget, side by side: the median over runs
+    of each run's median with its 95% two-level bootstrap interval (the measurement table's), each run's median
+    beside it, and in the title each comparison's ratio with its interval (the comparison table's)."""
+    from analysis.measurement import comparison_table, runs_by_design_point
+
+    design_points = runs_by_design_point(points, steps)
+    rows, run_rows = [], []
+    for position, (row, label, group, runs) in enumerate(design_points):
+        estimate = stats.median_of_runs(runs) if runs else math.nan
+        interval = stats.runs_interval(runs) or (math.nan, math.nan)
+        rows.append({"series": label, "arm": row["arm"], "x": float(position), "y": estimate, "y_low": interval[0],
+                     "y_high": interval[1], "failed": failed_statuses(group["status"]) if not runs else ""})
+        run_rows += [{"series": label, "x": float(position), "y": float(np.median(run))} for run in runs]
+    frame = pd.DataFrame(rows, columns=["series", "arm", "x", "y", "y_low", "y_high", "failed"])
+    ok, failed = frame[frame["failed"] == ""], frame[frame["failed"] != ""]
+    data = []
+    with mpl.rc_context(PAPER_RC):
+        figure, ax = plt.subplots(figsize=(1.6 + 1.1 * len(frame), 3.2), layout="constrained")
+        styles = series_styles(frame)
+        for row in ok.to_dict("records"):
+            style = styles[row["series"]]
+            ax.errorbar([row["x"]], [row["y"]], yerr=[[row["y"] - row["y_low"]], [row["y_high"] - row["y"]]],
+                        color=style.colour, marker=style.marker, markersize=style.markersize - 1, linestyle="none",
+                        elinewidth=1.5, capsize=4)
+            mine = [run["y"] for run in run_rows if run["series"] == row["series"]]
+            ax.plot([row["x"] + RUN_OFFSET] * len(mine), mine, linestyle="none", marker=style.marker,
+                    markersize=3.5, markerfacecolor="none", color=style.colour)
+        data.append(ok.assign(kind="step_time_s", status=OK)[["series", "kind", "x", "y", "y_low", "y_high",
+                                                               "status"]])
+        data.append(pd.DataFrame({"series": [run["series"] for run in run_rows], "kind": "run_median",
+                                  "x": [run["x"] for run in run_rows], "y": [run["y"] for run in run_rows],
+                                  "y_low": math.nan, "y_high": math.nan, "status": OK}))
+        annotate_failures(ax, failed.rename(columns={"x": "position"}), "position")
+        data.append(pd.DataFrame({"series": failed["series"], "kind": "failed", "x": failed["x"], "y": math.nan,
+                                  "y_low": math.nan, "y_high": math.nan, "status": failed["failed"]}))
+        ax.set_xticks(frame["x"], [wrap(label, 150, mpl.rcParams["xtick.labelsize"]) for label in frame["series"]])
+        ax.set_xlim(-0.6, len(frame) - 0.4)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("step time (s), final phase")
+        ax.grid(axis="x", visible=False)
+        ratios = comparison_table(points, steps).values
+        title = [f"{row['point']} / {row['against']}: {row['ratio']:.3f}× [{row['ci95_low']:.3f}, "
+                 f"{row['ci95_high']:.3f}], {row['reads']}" for row in ratios.to_dict("records")]
+        ax.set_title("\n".join([_context_line(points), *title]))
+        if not ok.empty:
+            key = [Line2D([], [], color="black", marker="o", markersize=4, linestyle="none"),
+                   Line2D([], [], color="black", marker="o", markersize=3.5, markerfacecolor="none",
+                          linestyle="none")]
+            figure.legend(key, [ESTIMATE_KEY, RUN_MEDIAN_KEY], loc="outside lower center", ncols=2, frameon=False)
+    return Plot("step_time_by_arm", figure, concat_data(data))
+
+
+def _context_line(points: pd.DataFrame) -> str:
+    """What the points share, for the title: the model and workload, and the budget the offload arms were given."""
+    ok = points[points["status"] == OK]
+    first = ok.iloc[0]
+    parts = [str(first["model"]), f"micro-batch {format_value(first['micro_batch'])}",
+             f"seq {format_value(first['seq_len'])}"]
+    offload = ok[ok["arm"].isin(OFFLOAD_ARMS)]
+    if "budget_gb" in offload and not offload.empty and not is_missing(offload["budget_gb"].iloc[0]):
+        parts.append(f"budget {format_value(offload['budget_gb'].iloc[0])} GB")
+    return ", ".join(parts)
 
 
 def throughput_vs_micro_batch(points: pd.DataFrame) -> Plot:

@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.design import along_axis, design, format_value, is_missing, varies
+from analysis.design import Design, along_axis, design, format_value, is_idle, is_missing, varies
 from analysis.load import GB, OK
-from harness.arms import arm_names
+from harness.arms import arm_names, registered
 
 ARMS = arm_names()  # the tables' row order
 BASELINE_ARM = arm_names(lambda arm: arm.baseline)[0]
@@ -29,6 +29,13 @@ WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "n
                     "device_memory_gb")
 AXIS_LABELS = {"seq_len": "seq", "micro_batch": "mb"}
 NOT_APPLICABLE = "-"
+
+# Where budgets are the key (the budget table, the figures against the budget), a point planned without a budget is
+# named by the rule that made its budget, not by the budget keys it left null.
+BUDGET_SOURCE = "budget_source"
+AUTO_RULE_NAMES = {"device_limit": "device rule", "margin": "margin rule"}
+GIVEN_BUDGET_COLUMNS = ("budget_gb", "budget_fraction")
+BUDGET_KEYS = (*GIVEN_BUDGET_COLUMNS, "margin", "auto_rule")  # said by the budget or its source
 
 STEP_TIME = "final_step_time_s_median"
 TOKENS_PER_S = "final_tokens_per_s_median"
@@ -333,20 +340,58 @@ def policies_table(points: pd.DataFrame) -> Table:
     return Table("policies", values, display_frame(list(cells.values())))
 
 
+def budget_source(point: Mapping[str, Any]) -> str | None:
+    """'auto (device rule)', 'auto (margin rule)': how an offload point planned without a given budget got one
+    (an arm without our pass's auto_rule has DeepSpeed's margin rule only; 'auto' where the rule is unknown);
+    None for a given budget or an arm that does not offload."""
+    arm = registered().get(point["arm"])
+    if point["arm"] not in OFFLOAD_ARMS or any(not is_missing(point.get(column)) and not is_idle(point.get(column))
+                                               for column in GIVEN_BUDGET_COLUMNS):
+        return None
+    rule = point.get("auto_rule")
+    if is_missing(rule) or is_idle(rule):
+        rule = None if arm is None or "auto_rule" in arm.offload_keys else "margin"
+    return f"auto ({AUTO_RULE_NAMES.get(rule, rule)})" if rule is not None else "auto"
+
+
+def with_budget_source(points: pd.DataFrame) -> pd.DataFrame:
+    """The points with their BUDGET_SOURCE column, to group and label by (after `design`, which it is not for)."""
+    return points.assign(**{BUDGET_SOURCE: [budget_source(point) for point in points.to_dict("records")]})
+
+
+def with_planned_budgets(aggregated: pd.DataFrame, points: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """budget_resolved_gb also where no repeat ran ok: a point that failed after planning (out of memory in a
+    step) ran at its plan's budget, whatever its status; one that never planned at its configured budget."""
+    every_run = aggregate_repeats(points.assign(status=OK), keys, ["budget_resolved_gb"])  # the same rows, in order
+    resolved = aggregated["budget_resolved_gb"].fillna(every_run["budget_resolved_gb"])
+    if "budget_gb" in aggregated:
+        resolved = resolved.fillna(aggregated["budget_gb"].astype(float))
+    return aggregated.assign(budget_resolved_gb=resolved)
+
+
+def budget_label(points_design: Design, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
+    """A label where budgets are the key: the design label less the budget keys, then the budget's source
+    ('offload, auto (device rule)'), so an auto plan never reads like a budgeted point of the same arm."""
+    label = points_design.label(row, leave_out=[*BUDGET_KEYS, *leave_out])
+    source = row.get(BUDGET_SOURCE)
+    return label if is_missing(source) else f"{label}, {source}"
+
+
 def budget_table(points: pd.DataFrame) -> Table:
     """Offload arms by budget: resolved budget and bytes offloaded per step (GB, as budgets are given),
     step time, peak reserved (GB) and speed-up against the best non-offload arm."""
     points_design = design(points)
-    keys = points_design.keys
+    keys = [*points_design.keys, BUDGET_SOURCE]
     values = [STEP_TIME, PEAK_RESERVED, "final_offload_bytes_median", "budget_resolved_gb"]
-    aggregated = add_speedups(aggregate_repeats(points, keys, values), keys)
+    sourced = with_budget_source(points)
+    aggregated = with_planned_budgets(add_speedups(aggregate_repeats(sourced, keys, values), keys), sourced, keys)
     offload = aggregated[aggregated["arm"].isin(OFFLOAD_ARMS)]
     lines = []
     for row in offload.to_dict("records"):
         lines.append({
-            ("", "arm"): points_design.label(row, leave_out=["budget_gb"]),
-            ("", "budget (GB)"): format_number(row["budget_resolved_gb"]) if row["n_ok"]
-            else format_value(row.get("budget_gb")),
+            ("", "arm"): budget_label(points_design, row),
+            ("", "budget (GB)"): format_value(row.get("budget_gb")) if is_missing(row["budget_resolved_gb"])
+            else format_number(row["budget_resolved_gb"]),
             ("", "offloaded/step (GB)"): cell(row, "final_offload_bytes_median", GB),
             ("", "s/step"): cell(row, STEP_TIME),
             ("", "peak reserved (GB)"): cell(row, PEAK_RESERVED, GB),

@@ -4,7 +4,7 @@ and the sweep index all read a sweep dir through this one reader, which
   (harness.arms.registry), and a run dir naming another is read as an unknown arm, with one warning;
 - never follows a path out of the sweep dir: an index entry or a run dir that leads elsewhere is refused;
 - turns each bad file into one Problem naming it and reads on: a point without a readable config.yaml or
-  summary.json is left out, a bad env.json or bad steps.jsonl lines only cost those columns or rows.
+  summary.json is left out, a bad env.json, plan.json or bad steps.jsonl lines only cost those columns or rows.
 """
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ from harness.errors import ConfigError
 from harness.launch import STATUSES
 
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
+# What made our pass's plan (plan.json's `rule`): a budget as DeepSpeed sizes it, the step model within a budget, or
+# the device rule without one. Plans from before the device rule name no rule.
+PLAN_RULES = ("budget", "step_model", "device_limit")
 SUMMARY_NUMBERS = ("world_size", "steps_completed", "wall_time_s", "budget_bytes", "planned_offload_bytes",
                    "predicted_peak_bytes", "device_memory_bytes")
 
@@ -52,6 +55,16 @@ class RunFiles:
     summary: Mapping[str, Any]
     env: Mapping[str, Any] | None
     steps: list[dict]
+    plan: PlanFacts | None = None  # our pass's plan.json, where the point planned
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What plan.json says of the plan that ran (its last phase's): the rule that made it (None: a plan from
+    before plans named one) and the budget it planned against, in bytes (the device rule's own, not the one the
+    driver resolved)."""
+    rule: str | None
+    budget_bytes: int | None
 
 
 @dataclass
@@ -86,7 +99,8 @@ def read_point(sweep_dir: Path, run_dir: str, overrides: list[str], problems: li
         problems.append(unknown_arm)
     env = read_env(path / runfiles.ENV, problems)
     steps = read_steps(path / runfiles.STEPS, summary.get("steps_completed"), problems)
-    return RunFiles(run_dir, overrides, config, summary, env, steps)
+    plan = read_plan(path / runfiles.PLAN, problems)
+    return RunFiles(run_dir, overrides, config, summary, env, steps, plan)
 
 
 # --- where the points are --------------------------------------------------------------------------------
@@ -223,6 +237,28 @@ def read_env(env_file: Path, problems: list[Problem]) -> Mapping[str, Any] | Non
         problems.append(Problem(str(env_file), "not a JSON object; env columns left empty"))
         return None
     return env
+
+
+def read_plan(plan_file: Path, problems: list[Problem]) -> PlanFacts | None:
+    """The rule and budget of plan.json (one plan, or plans keyed by phase number: the last phase's); None without
+    the file (an arm that does not plan, a point that failed before planning) or, with one line naming it, when it
+    is not a plan: a rule outside PLAN_RULES, a budget that is no whole number of bytes."""
+    try:
+        plan = json.loads(plan_file.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        problems.append(Problem(str(plan_file), "not JSON; plan columns left empty"))
+        return None
+    if isinstance(plan, Mapping) and plan and all(key.isdigit() for key in plan):
+        plan = plan[max(plan, key=int)]
+    rule, budget = (plan.get("rule"), plan.get("budget_bytes")) if isinstance(plan, Mapping) else (None, None)
+    if not isinstance(plan, Mapping) or not (rule is None or rule in PLAN_RULES) \
+            or not (budget is None or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0)):
+        problems.append(Problem(str(plan_file), f"not a plan (rule one of {', '.join(PLAN_RULES)} or none, "
+                                "budget_bytes a whole number); plan columns left empty"))
+        return None
+    return PlanFacts(rule, budget)
 
 
 def is_step_row(record: Any) -> bool:

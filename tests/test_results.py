@@ -150,7 +150,8 @@ def test_race_stress_losses_match_deepcompile_under_every_copy_delay():
 # keys hold where a phase's first step was drawn, or a later phase began).
 KEY_ENTRIES = {"offloaded/step (right axis)": "offloaded_gb", "budget": "peak_reserved_gb",
                "first OOM (ran out of memory)": "first_oom", "first step of a phase (compiles)": "compiles",
-               "phase boundary": "boundary"}
+               "phase boundary": "boundary", "median over runs, 95% interval": "step_time_s",
+               "one run's median": "run_median"}
 REFERENCE_SUFFIX = " (no offload)"  # a non-offload arm drawn as a horizontal line
 
 
@@ -168,6 +169,7 @@ def committed_plots(campaign: Path) -> dict[str, tuple[Path, object]]:
     builders = {"throughput_vs_micro_batch": lambda: plots.throughput_vs_micro_batch(points),
                 "step_time_vs_budget": lambda: plots.step_time_vs_budget(points),
                 "peak_reserved_vs_budget": lambda: plots.peak_reserved_vs_budget(points),
+                "step_time_by_arm": lambda: plots.step_time_by_arm(points, steps),
                 "step_time_s_per_step": lambda: plots.step_series(points, steps, "step_time_s"),
                 "peak_reserved_bytes_per_step": lambda: plots.step_series(points, steps, "peak_reserved_bytes")}
     for size in capacity.emulated_sizes(points):

@@ -16,13 +16,15 @@
 # # Measurement
 # How each point was measured (runs, measured steps, the median with its 95% bootstrap interval, how far its
 # repeats lie apart, and what makes it suspect), then what the comparisons between arms can claim: our pass over
-# DeepSpeed's pass at one budget and over DeepCompile without offload, each a ratio with its interval.
+# DeepSpeed's pass at one budget and over DeepCompile without offload, each a ratio with its interval. Where the
+# points of two arms or more share one workload and budget, a figure draws them side by side with those intervals.
 
 # %% tags=["parameters"]
 sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<timestamp>
 out_dir = "report"
 
 # %%
+from analysis import plots
 from analysis.measurement import comparison_table, measurement_table
 from analysis.notebook import open_report
 
@@ -42,3 +44,7 @@ comparisons = comparison_table(report.points, report.steps)
 if not comparisons.values.empty:
     report.table(comparisons)
 comparisons.display
+
+# %%
+if plots.arms_at_one_point(report.points):
+    report.figure(plots.step_time_by_arm(report.points, report.steps))
