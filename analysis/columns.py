@@ -102,7 +102,9 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
             row[f"arm_{knob}"] = cell_value(value)  # TARGET names the arm's class
     for key in override_keys:
         value = lookup(config, key, MISSING)
-        if key in covered or isinstance(value, Mapping):  # a Mapping is a named group: arm=zero3 -> arm.name
+        # A Mapping is a named group (arm=zero3 -> arm.name); an arm.<key> is the arm's knob (arm_<knob>, above) or,
+        # for another arm or a key its class lacks, none of this point's.
+        if key in covered or key.startswith("arm.") or isinstance(value, Mapping):
             continue
         row[key] = overrides.get(key) if value is MISSING else cell_value(value)
     return offload_as_the_arm_read_it(row, config)

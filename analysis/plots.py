@@ -191,10 +191,11 @@ def _budget_points(points: pd.DataFrame, values: list[str]) -> tuple[pd.DataFram
 
 def budget_swept(points: pd.DataFrame) -> bool:
     """Whether the offload arms' points were given more than one budget: a budget in GB or as a fraction, or none
-    (the margin or our pass's device rule then makes one). With one budget for all (the capacity campaign's auto
-    budget; 11 GB for both passes) the figures against the budget would stack every point at one x."""
-    offload = points[points["arm"].isin(OFFLOAD_ARMS)]
-    columns = [column for column in (*BUDGET_COLUMNS, "auto_rule") if column in offload]
+    (the margin or our pass's device rule then makes one, tables.budget_source). With one budget for all (the
+    capacity campaign's margin rule; 11 GB for both passes) the figures against the budget would stack every point
+    at one x."""
+    offload = with_budget_source(points[points["arm"].isin(OFFLOAD_ARMS)])
+    columns = [column for column in (*BUDGET_COLUMNS, BUDGET_SOURCE) if column in offload]
     given = {tuple(format_value(None if is_idle(value) else value) for value in row)
              for row in offload[columns].itertuples(index=False)}
     return len(given) > 1

@@ -126,9 +126,12 @@ def test_labels_name_only_keys_that_vary_between_an_arms_points_in_a_fixed_order
         assert labels or points.empty, plot.name
         for label in labels:
             arm, *pairs = label.split(", ")
+            own = points[points["arm"] == arm]
+            if pairs and pairs[-1].startswith("auto"):  # where budgets are the axis: how an auto plan got its budget
+                assert pairs.pop() in ("auto (device rule)", "auto (margin rule)", "auto"), label
+                assert "budget" in builder and own["budget_gb"].map(format_value).eq("null").any(), label
             keys = [pair.split("=")[0] for pair in pairs]
             assert keys == sorted(keys, key=KEY_ORDER.index), label
-            own = points[points["arm"] == arm]
             for key in keys:
                 assert own[key].map(format_value).nunique() > 1, (label, key)
             assert any(all(format_value(row[key]) == value for key, value in (pair.split("=", 1) for pair in pairs))

@@ -34,8 +34,17 @@ def test_point_row_has_config_status_phase_stats_and_env(tmp_path):
     assert point["final_compile_time_s"] == 3.0
     assert point["budget_resolved_gb"] == 12.0
     assert point["env_torch"] == "2.11.0"
-    assert point["arm_recompile_at"] == "[]"  # list knobs become JSON text, so points group by them
     assert len(sweep.steps) == 9 and set(sweep.steps["phase"]) == {0, 1}
+
+
+def test_list_knobs_become_json_text_and_keys_the_arms_class_lacks_are_no_knobs(tmp_path):
+    """Points group by a list knob as JSON text; a key older configs wrote under `arm` that the arm's class does not
+    have (the synthetic `recompile_at`, our pass's old `schedule`) would label points by something that did not act."""
+    write_point(tmp_path, 0, arm="zero3", extra={"arm.phase_starts": [0, 3]})
+    write_point(tmp_path, 1, arm="offload", extra={"arm.schedule": "z3_only"})
+    points = load_sweep(tmp_path).points
+    assert points["arm_phase_starts"].iloc[0] == "[0, 3]" and points["arm_phase_starts"].isna().iloc[1]
+    assert "arm_recompile_at" not in points and "arm_schedule" not in points and "arm.schedule" not in points
 
 
 def test_index_repeats_and_unindexed_run_dirs_give_each_point_once(tmp_path):
