@@ -17,6 +17,7 @@ from analysis.load import load_sweep
 from analysis.report import main as report_main
 from conftest import REPO_ROOT, driver_env
 from harness import bench
+from harness.reader import PlanFacts, read_plan
 
 FIXTURE = REPO_ROOT / "analysis" / "fixtures" / "sweep"
 # A module that leaves a file behind when anything imports it; run dirs name its class as their arm.
@@ -138,3 +139,18 @@ def test_bench_names_a_bad_file_once_and_reports_the_rest(tmp_path, capsys, name
     [line] = err.splitlines()
     assert line.startswith(f"warning: {broken}: {message}") and line.endswith("; point left out")
     assert "deepcompile" in out and "offload" in out and "zero3" not in out
+
+
+def test_plan_json_gives_the_last_phases_rule_and_budget_and_a_bad_one_is_named_once(tmp_path):
+    problems: list = []
+    plan_file = tmp_path / "plan.json"
+    assert read_plan(plan_file, problems) is None and problems == []  # no plan: an arm that does not plan
+    plan_file.write_text(json.dumps({"0": {"rule": "budget", "budget_bytes": 5},
+                                     "2": {"rule": "device_limit", "budget_bytes": 15_920_000_000}}))
+    assert read_plan(plan_file, problems) == PlanFacts("device_limit", 15_920_000_000) and problems == []
+    plan_file.write_text(json.dumps({"budget_bytes": 7}))  # a plan from before plans named their rule
+    assert read_plan(plan_file, problems) == PlanFacts(None, 7)
+    for bad in ({"rule": "os.system", "budget_bytes": 7}, {"rule": "budget", "budget_bytes": 1.5}, [1, 2]):
+        plan_file.write_text(json.dumps(bad))
+        assert read_plan(plan_file, problems) is None
+    assert [problem.file for problem in problems] == [str(plan_file)] * 3
