@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from harness.arms.registry import TARGET
-from harness.checks import lookup
+from harness.contract.checks import lookup
 
 # Config keys the analysis names by a short column; other top-level arm knobs become arm_<knob>, and any
 # other overridden key keeps its dotted name.

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from conftest import harness_run, read_run
-from harness import emulated_device
-from harness.errors import ConfigError
+from harness.rank import emulated_device
+from harness.contract.errors import ConfigError
 
 GB = 10**9
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.metrics import SEGMENT_PEAKS, MemoryMonitor, summarize_phases
+from harness.contract.steps import SEGMENT_PEAKS, MemoryMonitor, summarize_phases
 
 
 def row(step, phase_step, time, traced=False, reserved=10):

@@ -10,15 +10,17 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from harness import arms, bench, schema
-from harness.checks import Choice, Number
-from harness.compose import compose_point
-from harness.errors import ConfigError
-from harness.offload import plan, runtime
-from harness.schema.fields import SOMETIMES, check_fields, rules
+from harness import arms
+from analysis import bench
+from harness.contract import schema
+from harness.contract.checks import Choice, Number
+from harness.driver.compose import compose_point
+from harness.contract.errors import ConfigError
+from harness.offload_pass import plan, runtime
+from harness.contract.schema.fields import SOMETIMES, check_fields, rules
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFINITION_HOMES = (REPO_ROOT / "harness" / "schema", REPO_ROOT / "harness" / "arms")
+DEFINITION_HOMES = (REPO_ROOT / "harness" / "contract" / "schema", REPO_ROOT / "harness" / "arms")
 
 
 def allowed_value_lists() -> dict[str, frozenset]:
@@ -91,7 +93,7 @@ def test_each_allowed_value_list_is_written_once():
             definitions += defined
         if copied:
             copies[str(path.relative_to(REPO_ROOT))] = copied
-    assert copies == {}, "read allowed values from harness.schema.choices"
+    assert copies == {}, "read allowed values from harness.contract.schema.choices"
     assert sorted(definitions) == sorted(lists)  # each one Literal, in the schema or its arm
 
 
@@ -125,7 +127,7 @@ def test_the_offload_pass_the_planner_and_bench_read_their_choices_from_the_sche
     defaults = yaml.safe_load((REPO_ROOT / "conf" / "offload" / "default.yaml").read_text())
     assert bench.KNOBS == schema.pass_knobs() and set(bench.KNOBS) < set(defaults)
     assert not set(bench.KNOBS) & set(rules(schema.BudgetConfig))
-    usage = subprocess.run([sys.executable, "-m", "harness.offload.plan", "--help"], capture_output=True, text=True,
+    usage = subprocess.run([sys.executable, "-m", "harness.offload_pass.plan", "--help"], capture_output=True, text=True,
                            cwd=REPO_ROOT).stdout
     assert " | ".join(plan.RELOAD_POLICIES) in " ".join(usage.split())
 

@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from harness.arms.base import Arm
-from harness.envinfo import REPO_ROOT
-from harness.errors import ConfigError
+from harness.contract.envinfo import REPO_ROOT
+from harness.contract.errors import ConfigError
 
 TARGET = "_target_"
 ARM_CONF_DIR = REPO_ROOT / "conf" / "arm"

@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from harness import launch, runfiles
+from harness.driver import launch
+from harness.contract import runfiles
 from harness.cluster.nodes import NodePlace
-from harness.launch import LaunchResult
+from harness.driver.launch import LaunchResult
 
 # SLURM enforces the time limit at or after the job's end time (its check runs every 30 s or so); a SIGTERM this
 # close before it is still the limit's (the controller's clock and this node's may differ a little).

@@ -6,9 +6,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from harness import protocol
-from harness.offload.stalls import TIMES as OFFLOAD_TIMES
-from harness.stats import median_interval
+from harness.contract import protocol
+from harness.offload_pass.stalls import TIMES as OFFLOAD_TIMES
+from harness.contract.stats import median_interval
 
 # An offload arm's step-record fields: counts and device seconds (per-step deltas of cumulative counters), and
 # our pass's allocator reading at the forward's start (before its launch op). `offload_cycles`: how many times

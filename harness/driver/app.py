@@ -5,7 +5,7 @@ check the command line -> resolve and validate -> run dir (config.yaml, env.json
 config is `config_error`, a failure of the driver itself `error`); a bad config exits 2 with one line naming the
 key. Ctrl-C (or SIGHUP) stops the point's ranks, records it `interrupted` with the steps done, writes the sweep's
 index and exits 130; a second Ctrl-C kills the ranks at once. Outside SLURM a SIGTERM does the same, the point
-recorded `preempted`, and exits 143. Exit codes: harness/exits.py.
+recorded `preempted`, and exits 143. Exit codes: harness/contract/exits.py.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from harness import dirnames
-from harness.envinfo import REPO_ROOT
+from harness.driver import dirnames
+from harness.contract.envinfo import REPO_ROOT
 
 os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))  # conf/config.yaml puts the repo root on the search path
 dirnames.register()  # conf/hydra/default.yaml names the point folders with it
@@ -26,17 +26,19 @@ dirnames.register()  # conf/hydra/default.yaml names the point folders with it
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness import (arms, compose, emulated_device, estimate, exits, launch, machine, progress,  # noqa: E402
-                     protocol, runfiles)
+from harness import arms  # noqa: E402
+from harness.driver import compose, estimate, launch, progress  # noqa: E402
+from harness.rank import emulated_device, machine  # noqa: E402
+from harness.contract import exits, protocol, runfiles  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
-from harness.checks import is_usable_number, lookup  # noqa: E402
-from harness.envinfo import collect_env  # noqa: E402
-from harness.errors import ConfigError  # noqa: E402
-from harness.metrics import summarize_phases  # noqa: E402
-from harness.runfiles import read_jsonl, write_atomic, write_json  # noqa: E402
-from harness.sinks import SweepIndexCallback, mirror_to_wandb  # noqa: E402
-from harness.units import GB  # noqa: E402
-from harness.validate import check_group_choices, validate  # noqa: E402
+from harness.contract.checks import is_usable_number, lookup  # noqa: E402
+from harness.contract.envinfo import collect_env  # noqa: E402
+from harness.contract.errors import ConfigError  # noqa: E402
+from harness.contract.steps import summarize_phases  # noqa: E402
+from harness.contract.runfiles import read_jsonl, write_atomic, write_json  # noqa: E402
+from harness.driver.sinks import SweepIndexCallback, mirror_to_wandb  # noqa: E402
+from harness.contract.units import GB  # noqa: E402
+from harness.driver.validate import check_group_choices, validate  # noqa: E402
 
 CONFIG_ERROR_EXIT_CODE = exits.CONFIG_ERROR
 
@@ -154,7 +156,7 @@ def print_phase_table(summary: dict) -> None:
 def drive(cfg: DictConfig) -> str:
     """One point, from composed config to recorded summary; returns the status. In a multirun nothing raises
     into the sweep (Hydra would then skip the sweep's index); a signal that stops the point ends the sweep after
-    it (stops.ends_the_sweep); a single point exits with its status's code (harness/exits.py)."""
+    it (stops.ends_the_sweep); a single point exits with its status's code (harness/contract/exits.py)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -210,7 +212,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
             write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
         return "config_error"
     # The point as it runs, over the config as written: train.steps the total, train.measure_steps the final
-    # phase's measured count (harness/protocol.py).
+    # phase's measured count (harness/contract/protocol.py).
     config = protocol.with_step_counts(config, arms.from_config(config["arm"]).phase_start_steps(config))
     if place.primary:
         write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
@@ -295,7 +297,7 @@ def hydra_app(cfg: DictConfig) -> str:
 
 def check_command_line(args: list[str]) -> None:
     """What the driver refuses before Hydra starts, as one ConfigError: an unknown group option, then what Hydra
-    itself would refuse (harness.compose.check_command_line). Nothing is run or written."""
+    itself would refuse (harness.driver.compose.check_command_line). Nothing is run or written."""
     check_group_choices(args, REPO_ROOT)
     compose.check_command_line(args)
 
@@ -304,7 +306,7 @@ def main() -> None:
     """Console entry: refuse bad command lines in one line (unknown group options, what Hydra itself would refuse),
     then hand the command line to Hydra (or, with estimate_only=true, print the sweep's memory estimate without
     launching anything). A sweep's index is written however it ends, and its exit code says whether every point
-    was recorded (harness/exits.py)."""
+    was recorded (harness/contract/exits.py)."""
     args = sys.argv[1:]
     try:
         if estimate.requested(args):

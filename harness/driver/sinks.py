@@ -10,8 +10,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from harness import exits, reader, runfiles
-from harness.checks import lookup
+from harness.contract import exits, reader, runfiles
+from harness.contract.checks import lookup
 
 
 def flat_summary(summary: dict) -> dict[str, Any]:
@@ -175,7 +175,7 @@ class SweepIndexCallback(Callback):
 
     @staticmethod
     def exit_code() -> int | None:
-        """The finished multirun's exit code (harness.exits), or None where no multirun ran in this process."""
+        """The finished multirun's exit code (harness.contract.exits), or None where no multirun ran in this process."""
         if SweepIndexCallback.running_sweep_dir is None:
             return None
         if SweepIndexCallback.outcome is None:

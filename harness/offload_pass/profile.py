@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError
+from harness.contract.errors import ConfigError
 
 
 @dataclass(frozen=True)

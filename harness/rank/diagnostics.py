@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from harness import memory_trace, runfiles
+from harness.rank import memory_trace
+from harness.contract import runfiles
 
 TABLE_ROWS = 40
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from harness.checks import is_finite_number
-from harness.errors import ConfigError
-from harness.units import GB
+from harness.contract.checks import is_finite_number
+from harness.contract.errors import ConfigError
+from harness.contract.units import GB
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _REQUESTED = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")

@@ -1,6 +1,6 @@
 """One rank of one sweep point (started by torchrun; no Hydra): model + engine + the measured step loop.
 
-    python -m torch.distributed.run ... -m harness.worker RUN_DIR
+    python -m torch.distributed.run ... -m harness.rank.worker RUN_DIR
 
 Reads RUN_DIR/config.yaml (written by the driver). Global rank 0 appends one steps.jsonl row per
 optimizer step and writes worker.json; any rank that fails writes error.rank<R>.json for the driver.
@@ -20,12 +20,14 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as dist
 
-from harness import arms, emulated_device, machine, models, protocol, runfiles
-from harness.budget import resolve_budget_bytes
-from harness.diagnostics import StepDiagnostics
-from harness.metrics import OFFLOAD_COUNTERS, OFFLOAD_GAUGES, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
-from harness.runfiles import StepWriter, write_json
-from harness.units import GB
+from harness import arms
+from harness.rank import emulated_device, machine, models
+from harness.contract import protocol, runfiles
+from harness.rank.budget import resolve_budget_bytes
+from harness.rank.diagnostics import StepDiagnostics
+from harness.contract.steps import OFFLOAD_COUNTERS, OFFLOAD_GAUGES, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
+from harness.contract.runfiles import StepWriter, write_json
+from harness.contract.units import GB
 
 OOM_EXIT_CODE = 3
 SHARED_DEVICE_WARN_BYTES = 2 * GB  # a CUDA context takes ~0.5 GB; more than this means a neighbour
@@ -95,7 +97,7 @@ def gpu_uuid(device: torch.device) -> str | None:
 
 
 class MachineWatch:
-    """Every rank's machine reading (harness/machine.py) at the start and at the end of the measured steps,
+    """Every rank's machine reading (harness/rank/machine.py) at the start and at the end of the measured steps,
     gathered in rank order with the ranks' pids (a collective: every rank reads at the same steps)."""
 
     def __init__(self, device: torch.device, counts: protocol.StepCounts):

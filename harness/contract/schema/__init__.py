@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from harness.errors import ConfigError
+from harness.contract.errors import ConfigError
 
-from harness.schema.fields import check_fields, check_value, choices, refuse_unknown_keys, rules
-from harness.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
+from harness.contract.schema.fields import check_fields, check_value, choices, refuse_unknown_keys, rules
+from harness.contract.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
                                    ModelConfig, OffloadConfig, SweepConfig, TrainConfig)
 
 __all__ = ["GROUPS", "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",

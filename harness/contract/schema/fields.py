@@ -14,8 +14,8 @@ import typing
 from functools import lru_cache
 from typing import Annotated, Any, Collection, Literal, Mapping, Union
 
-from harness.checks import BOOL, MISSING, Choice, Number, Text
-from harness.errors import ConfigError
+from harness.contract.checks import BOOL, MISSING, Choice, Number, Text
+from harness.contract.errors import ConfigError
 
 SOMETIMES = "sometimes"  # in Annotated[...]: only some options of the group have this key
 

@@ -1,14 +1,14 @@
 """One dataclass per config group: each field is one key of conf/<group>/ (its default lives there), its type the
-values it allows (harness/schema/fields.py says how to read them); `check` holds the rules that tie a group's keys
+values it allows (harness/contract/schema/fields.py says how to read them); `check` holds the rules that tie a group's keys
 together or to other groups', run once every value alone has passed. A new key is one field line here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from harness.checks import POSITIVE, POSITIVE_INT, Number, PlainName
-from harness.errors import ConfigError
-from harness.schema.fields import SOMETIMES
+from harness.contract.checks import POSITIVE, POSITIVE_INT, Number, PlainName
+from harness.contract.errors import ConfigError
+from harness.contract.schema.fields import SOMETIMES
 
 COUNT = Number(low=0, integer=True)  # a step, a rank, a count
 WHOLE_ELEMENTS = Number(low=1, whole=True)  # an element count such as 5e7 (null: DeepSpeed's default)
@@ -16,7 +16,8 @@ WHOLE_ELEMENTS = Number(low=1, whole=True)  # an element count such as 5e7 (null
 
 def total_steps(cfg: Mapping[str, Any]) -> int:
     """The optimizer steps the point runs (train.steps, or what the measurement protocol makes of the arm's phases)."""
-    from harness import arms, protocol  # here only: the planner and the offload runtime read the schema alone
+    from harness import arms  # here only: the planner and the offload runtime read the schema alone
+    from harness.contract import protocol
 
     starts = arms.from_config(cfg["arm"]).phase_start_steps(cfg)
     return protocol.step_counts(cfg["train"], starts).total
@@ -72,7 +73,7 @@ class TrainConfig(Group):
     seq_len: Annotated[int, POSITIVE_INT]
     warmup_steps: Annotated[int, COUNT]
     measure_steps: Annotated[Optional[int], POSITIVE_INT]
-    steps: Annotated[Optional[int], POSITIVE_INT]  # the total; null: from the arm's phases (harness/protocol.py)
+    steps: Annotated[Optional[int], POSITIVE_INT]  # the total; null: from the arm's phases (harness/contract/protocol.py)
     grad_accum: Annotated[int, POSITIVE_INT]
     dtype: Literal["bf16", "fp16", "fp32"]
     lr: Annotated[float, POSITIVE]
@@ -96,7 +97,7 @@ class TrainConfig(Group):
 
 @dataclass(frozen=True)
 class BudgetConfig(Group):
-    """The offload budget every offload arm plans against (resolved to bytes once, harness/budget.py)."""
+    """The offload budget every offload arm plans against (resolved to bytes once, harness/rank/budget.py)."""
     budget_gb: Annotated[Optional[float], Number(low=0)]
     budget_fraction: Annotated[Optional[float], Number(low=0, high=1)]
     margin: Annotated[float, Number(low=0, high=1, high_open=True)]
@@ -161,7 +162,7 @@ class EnvConfig(Group):
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
-        from harness import emulated_device  # it reads GB from harness.budget, which reads this schema
+        from harness.rank import emulated_device  # it reads GB from harness.rank.budget, which reads this schema
 
         emulated_device.check(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
 
