@@ -34,7 +34,9 @@ def test_sigterm_ends_the_sweep_outside_slurm_only():
     assert not stops.ends_the_sweep("died", WORKSTATION)
     assert (exits.stopped_exit_code("preempted"), exits.stopped_exit_code("interrupted")) == (143, 130)
     # what a SIGTERM is recorded as did not change: preemption, or SLURM's time limit near the job's end
-    assert stops.stop_status(signal.SIGTERM, WORKSTATION, now=0) == "preempted"
+    assert stops.stop_status(signal.SIGTERM, WORKSTATION.end_time, now=0) == "preempted"  # no end time: not SLURM's
+    assert stops.stop_status(signal.SIGTERM, end_time=1000.0, now=0) == "preempted"
+    assert stops.stop_status(signal.SIGTERM, end_time=1000.0, now=1000.0) == "timeout"
 
 
 def test_sigterm_raises_terminated_in_the_driver_outside_slurm_and_keeps_slurms_handling():
