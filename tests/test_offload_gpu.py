@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.offload_pass.profile import parse_profile
+from harness.offload.profile import parse_profile
 
 pytestmark = pytest.mark.gpu
 

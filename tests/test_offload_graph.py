@@ -10,15 +10,15 @@ import torch
 from deepspeed.compile.profilers import ProfilingResult
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from harness.offload_pass import ops
-from harness.offload_pass.graph_edit import (insert_end_backward, insert_reloads, is_compute_anchor, profiled_node_names,
+from harness.offload import ops
+from harness.offload.graph_edit import (insert_end_backward, insert_reloads, is_compute_anchor, profiled_node_names,
                                         release_site_names)
-from harness.offload_pass.graph_pass import OffloadPass, PlanFiles
-from harness.offload_pass.mover import StateMover
-from harness.offload_pass.plan import make_plan
-from harness.offload_pass.profile import parse_profile
-from harness.offload_pass.runtime import EmptyCachePolicy, OffloadRuntime
-from harness.offload_pass.states import discover_tasks
+from harness.offload.graph_pass import OffloadPass, PlanFiles
+from harness.offload.mover import StateMover
+from harness.offload.plan import make_plan
+from harness.offload.profile import parse_profile
+from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
+from harness.offload.states import discover_tasks
 from offload_fakes import FakeDevice, FakeZero3Optimizer, init_deepspeed_on_cpu
 
 ops.register_ops()
@@ -489,8 +489,8 @@ def test_schedule_satisfies_deepspeed_contracts_and_registers_both_passes(tmp_pa
     from deepspeed.compile.passes import zero3_compile
     from deepspeed.compile.passes.contract import PassContractError, register_pass_contract, validate_schedule
 
-    import harness.offload_pass as harness_offload
-    from harness.offload_pass import schedule
+    import harness.offload as harness_offload
+    from harness.offload import schedule
 
     registered = {}
     engine = type("Engine", (), {"register_compile_pass": lambda self, name, fn, contract: (

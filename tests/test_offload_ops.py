@@ -9,11 +9,11 @@ import torch
 import torch.fx
 
 from harness.contract.errors import ConfigError
-from harness.offload_pass import check_config, counters, ops
-from harness.offload_pass.accumulation import EngineMicroBatches, WholeSteps
-from harness.offload_pass.mover import StateMover
-from harness.offload_pass.runtime import EmptyCachePolicy, OffloadRuntime
-from harness.offload_pass.states import SubGroupGate, discover_tasks
+from harness.offload import check_config, counters, ops
+from harness.offload.accumulation import EngineMicroBatches, WholeSteps
+from harness.offload.mover import StateMover
+from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
+from harness.offload.states import SubGroupGate, discover_tasks
 from offload_fakes import FakeAccumulatingEngine, FakeDevice, FakeZero3Optimizer, init_deepspeed_on_cpu
 
 ops.register_ops()
@@ -709,8 +709,8 @@ def test_zero3_with_accumulation_moves_the_states_once_per_optimizer_step(monkey
 def test_install_registers_passes_binds_the_runtime_and_gates_the_optimizer(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    import harness.offload_pass as seam
-    from harness.offload_pass import schedule
+    import harness.offload as seam
+    from harness.offload import schedule
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=8 * 10**10))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.offload_pass import ops
-from harness.offload_pass.mover import StateMover
-from harness.offload_pass.runtime import EmptyCachePolicy, OffloadRuntime
-from harness.offload_pass.stalls import D2H_BUSY, H2D_BUSY, STALL, StallRecorder
-from harness.offload_pass.states import discover_tasks
+from harness.offload import ops
+from harness.offload.mover import StateMover
+from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
+from harness.offload.stalls import D2H_BUSY, H2D_BUSY, STALL, StallRecorder
+from harness.offload.states import discover_tasks
 from offload_fakes import FakeDevice, FakeZero3Optimizer
 
 ops.register_ops()
@@ -91,7 +91,7 @@ def test_held_release_wait_is_a_stall():
 def test_blocking_mode_host_waits_count_as_stall(monkeypatch):
     mover, runtime, device = mover_with_states()
     clock = iter([10.0, 10.25])
-    monkeypatch.setattr("harness.offload_pass.stalls.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("harness.offload.stalls.time.perf_counter", lambda: next(clock))
     mover.synchronize()
     assert mover.timer.collect()[STALL] == pytest.approx(0.25)
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.contract.errors import ConfigError
-from harness.offload_pass.plan import load_profile, make_plan, plan_to_json
+from harness.offload.plan import load_profile, make_plan, plan_to_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMALL_PROFILE_PATH = REPO_ROOT / "tests" / "data" / "profile_small.json"
@@ -384,7 +384,7 @@ def test_asap_reloads_fit_and_none_could_come_one_node_earlier(profile, budget):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.offload_pass.plan", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "harness.offload.plan", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.offload_pass.plan import device_limit_bytes, make_plan, plan_for_device, plan_within_budget
-from harness.offload_pass.profile import parse_profile
+from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device, plan_within_budget
+from harness.offload.profile import parse_profile
 from test_plan import profiles
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

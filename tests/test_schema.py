@@ -16,7 +16,7 @@ from harness.contract import schema
 from harness.contract.checks import Choice, Number
 from harness.driver.compose import compose_point
 from harness.contract.errors import ConfigError
-from harness.offload_pass import plan, runtime
+from harness.offload import plan, runtime
 from harness.contract.schema.fields import SOMETIMES, check_fields, rules
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +127,7 @@ def test_the_offload_pass_the_planner_and_bench_read_their_choices_from_the_sche
     defaults = yaml.safe_load((REPO_ROOT / "conf" / "offload" / "default.yaml").read_text())
     assert bench.KNOBS == schema.pass_knobs() and set(bench.KNOBS) < set(defaults)
     assert not set(bench.KNOBS) & set(rules(schema.BudgetConfig))
-    usage = subprocess.run([sys.executable, "-m", "harness.offload_pass.plan", "--help"], capture_output=True, text=True,
+    usage = subprocess.run([sys.executable, "-m", "harness.offload.plan", "--help"], capture_output=True, text=True,
                            cwd=REPO_ROOT).stdout
     assert " | ".join(plan.RELOAD_POLICIES) in " ".join(usage.split())
 

@@ -1,4 +1,4 @@
-"""offload: our own optimizer-state offload pass (harness/offload_pass/); its knobs live in the offload group."""
+"""offload: our own optimizer-state offload pass (harness/offload/); its knobs live in the offload group."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,33 +13,33 @@ class Offload(OffloadPassArm):
     display: ClassVar[Display] = Display("ours", "#D55E00", "D", table_order=3, capacity_order=4)
 
     def check(self, cfg: Mapping[str, Any]) -> None:
-        from harness import offload_pass
+        from harness import offload
 
         super().check(cfg)
-        offload_pass.check_config(self.deepspeed_config(cfg, cuda=True), dict(cfg["offload"]))
+        offload.check_config(self.deepspeed_config(cfg, cuda=True), dict(cfg["offload"]))
 
     def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
-        from harness.offload_pass import PLANNING_STEP
+        from harness.offload import PLANNING_STEP
 
         return [0, PLANNING_STEP]
 
     def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
-        from harness import offload_pass
+        from harness import offload
 
-        return offload_pass.install(engine, dict(cfg["offload"]), budget_bytes, run_dir,
-                                    copy_delay_us=cfg["debug"]["copy_delay_us"])
+        return offload.install(engine, dict(cfg["offload"]), budget_bytes, run_dir,
+                               copy_delay_us=cfg["debug"]["copy_delay_us"])
 
     def offload_counter_reader(self) -> Callable[[], dict]:
-        from harness import offload_pass
+        from harness import offload
 
-        return offload_pass.counters
+        return offload.counters
 
     def observe_step(self, record: Mapping[str, Any]) -> None:
-        from harness import offload_pass
+        from harness import offload
 
-        offload_pass.observe_step(dict(record))
+        offload.observe_step(dict(record))
 
     def plan_facts(self) -> dict[str, int]:
-        from harness import offload_pass
+        from harness import offload
 
-        return offload_pass.plan_facts()
+        return offload.plan_facts()

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from harness.contract import protocol
-from harness.offload_pass.stalls import TIMES as OFFLOAD_TIMES
+from harness.offload.stalls import TIMES as OFFLOAD_TIMES
 from harness.contract.stats import median_interval
 
 # An offload arm's step-record fields: counts and device seconds (per-step deltas of cumulative counters), and

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch.fx import Graph
 
-from harness.offload_pass import ops
-from harness.offload_pass.graph_edit import profiled_node_names
+from harness.offload import ops
+from harness.offload.graph_edit import profiled_node_names
 
 
 class ProfileBuilder:

@@ -27,8 +27,8 @@ from typing import Any, Iterable, Protocol
 
 import torch
 
-from harness.offload_pass.stalls import D2H_BUSY, H2D_BUSY, StallRecorder
-from harness.offload_pass.states import StateTask
+from harness.offload.stalls import D2H_BUSY, H2D_BUSY, StallRecorder
+from harness.offload.states import StateTask
 
 
 class Device(Protocol):

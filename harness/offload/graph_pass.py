@@ -34,13 +34,13 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, GraphModule
 
 from harness.contract import runfiles
-from harness.offload_pass import ops
-from harness.offload_pass.graph_edit import (insert_end_backward, insert_head_ops, insert_release_sites, insert_reloads,
+from harness.offload import ops
+from harness.offload.graph_edit import (insert_end_backward, insert_head_ops, insert_release_sites, insert_reloads,
                                         profiled_node_names, release_site_names, strip_offload_ops)
-from harness.offload_pass.profile_builder import ProfileBuilder, graph_nodes_profile, memory_records
-from harness.offload_pass.plan import device_limit_bytes, plan_offload, plan_to_json
-from harness.offload_pass.runtime import OffloadRuntime
-from harness.offload_pass.states import discover_tasks
+from harness.offload.profile_builder import ProfileBuilder, graph_nodes_profile, memory_records
+from harness.offload.plan import device_limit_bytes, plan_offload, plan_to_json
+from harness.offload.runtime import OffloadRuntime
+from harness.offload.states import discover_tasks
 from harness.contract.units import GB
 
 logger = logging.getLogger(__name__)

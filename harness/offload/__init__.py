@@ -85,7 +85,7 @@ def counters() -> dict:
     """Cumulative op counters (ops.Counters: launches, reloads, their bytes, empty_cache calls, cycles), cumulative
     device seconds (stalls.TIMES: compute waiting on our copies, copy streams busy; call after a device sync), and the
     last step's allocator reading at our launch op (fwd_start_allocated_bytes)."""
-    from harness.offload_pass import ops  # torch stays out of the driver's config check
+    from harness.offload import ops  # torch stays out of the driver's config check
     if _installed is None:
         return ops.counters()
     runtime = _installed.runtime
@@ -137,12 +137,12 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
     from deepspeed.accelerator import get_accelerator
     from deepspeed.compile.util import get_deepcompile_handle
 
-    from harness.offload_pass import ops, schedule
-    from harness.offload_pass.accumulation import EngineMicroBatches
-    from harness.offload_pass.graph_pass import OffloadPass, PlanFiles
-    from harness.offload_pass.mover import CudaDevice, StateMover
-    from harness.offload_pass.runtime import EmptyCachePolicy, OffloadRuntime
-    from harness.offload_pass.states import SubGroupGate, discover_tasks
+    from harness.offload import ops, schedule
+    from harness.offload.accumulation import EngineMicroBatches
+    from harness.offload.graph_pass import OffloadPass, PlanFiles
+    from harness.offload.mover import CudaDevice, StateMover
+    from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
+    from harness.offload.states import SubGroupGate, discover_tasks
 
     check_knobs(offload_cfg)
     if not isinstance(budget_bytes, int) or budget_bytes < 0:

@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable
 
-from harness.offload_pass import ops
-from harness.offload_pass.accumulation import MicroBatches, WholeSteps
-from harness.offload_pass.mover import StateMover, StateSlot
-from harness.offload_pass.states import StateTask
+from harness.offload import ops
+from harness.offload.accumulation import MicroBatches, WholeSteps
+from harness.offload.mover import StateMover, StateSlot
+from harness.offload.states import StateTask
 from harness.contract.schema import OffloadConfig, choices
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.passes.shape_prop import TensorMetadata
 
-from harness.offload_pass import ops
+from harness.offload import ops
 
 _COMPUTE_NAMESPACES = ("aten", "prims")
 RELEASE_SITES = 32  # per forward graph: fine enough to track the forward's memory growth, cheap per step

@@ -2,7 +2,7 @@
 
 No torch, no CUDA: the DeepCompile pass builds the profile from DeepSpeed's profiling results and calls
 `make_plan(profile, budget_bytes, reload)`; the same function runs offline as
-`python -m harness.offload_pass.plan --profile profile.json --budget-gb X [--reload asap|at_end]`.
+`python -m harness.offload.plan --profile profile.json --budget-gb X [--reload asap|at_end]`.
 
 Model
 -----
@@ -92,7 +92,7 @@ from collections import deque
 from typing import NoReturn
 
 from harness.contract.errors import ConfigError
-from harness.offload_pass.profile import Profile, Task, byte_count, calibrate, expect, load_profile, parse_profile
+from harness.offload.profile import Profile, Task, byte_count, calibrate, expect, load_profile, parse_profile
 from harness.contract.schema import OffloadConfig, choices
 from harness.contract.units import GB
 
@@ -345,7 +345,7 @@ def _plan_from_args(args: argparse.Namespace, profile: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _OneLineParser(prog="python -m harness.offload_pass.plan",
+    parser = _OneLineParser(prog="python -m harness.offload.plan",
                             description="Print the offload plan for a memory profile and a budget as JSON.")
     parser.add_argument("--profile", required=True, help="profile.json of one rank")
     budget = parser.add_mutually_exclusive_group()

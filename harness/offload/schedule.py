@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from deepspeed.compile.passes.contract import CAP_OPT_STATES_EVICTED, CAP_Z3_GATHER_RELEASE, PassContract
 
-from harness.offload_pass import PLANNING_STEP
-from harness.offload_pass.graph_pass import OffloadPass
+from harness.offload import PLANNING_STEP
+from harness.offload.graph_pass import OffloadPass
 
 EVICT_PASS = "offload_harness_evict"
 PLAN_PASS = "offload_harness_plan"
