@@ -17,7 +17,7 @@ import pandas as pd
 
 from analysis.columns import cell_value, config_row, summary_row
 from harness.contract.reader import Problem, RunFiles, read_sweep
-from harness.driver.sinks import job_order
+from harness.contract.runfiles import job_order
 from harness.contract.units import GB
 
 __all__ = ["GB", "OK", "Problem", "Sweep", "load_sweep", "load_sweeps", "resolved_budget_gb"]

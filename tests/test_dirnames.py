@@ -1,6 +1,6 @@
 """Point folder names stay under the filesystem's 255-byte name limit whatever the overrides."""
 from harness.driver.dirnames import MAX_BYTES, bounded_dirname
-from harness.driver.sinks import job_order
+from harness.contract.runfiles import job_order
 
 
 def overrides(n: int, value: str = "x") -> str:

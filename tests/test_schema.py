@@ -183,3 +183,12 @@ def test_a_new_knob_is_one_field_line():
     with pytest.raises(ConfigError) as refused:
         check_fields("debug", DebugWithDelay, {**debug, "copy_delay_us": -5})
     assert refused.value.key == "debug.copy_delay_us"
+
+
+def test_every_offload_key_is_an_analysis_column_named_by_the_schema():
+    """A config key's column comes from the schema, so a new offload knob cannot be missing from the report."""
+    from analysis.columns import CONFIG_COLUMNS
+    from harness.contract.schema.fields import rules
+
+    assert {f"offload.{key}" for key in rules(schema.OffloadConfig)} <= set(CONFIG_COLUMNS)
+    assert CONFIG_COLUMNS["offload.evict_from"] == "evict_from" and CONFIG_COLUMNS["offload.mode"] == "offload_mode"

@@ -19,7 +19,7 @@ import yaml
 from harness.contract import runfiles
 from harness.contract.checks import is_finite_number, lookup
 from harness.contract.errors import ConfigError
-from harness.driver.launch import STATUSES
+from harness.contract.statuses import STATUSES
 
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
 SUMMARY_NUMBERS = ("world_size", "steps_completed", "wall_time_s", "budget_bytes", "planned_offload_bytes",

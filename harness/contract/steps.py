@@ -1,37 +1,49 @@
-"""Step records, phases, per-phase statistics, rank aggregation and the device memory monitor."""
+"""The step record: every field of a steps.jsonl row declared once, and the phases of a run with their statistics.
+
+A `StepField` says what a field is (its unit), who measures it (the step loop, the memory monitor, the arm's
+counters), how the ranks combine it, which statistics of it summary.json keeps per phase and which report column
+shows it. The rank builds its record (`record`) and combines it over ranks by these declarations, the driver's
+summary.json and the W&B mirror hold the phase statistics they name, and the report's tables take their columns
+from them; a new field is one line in FIELDS (and the code on the rank that measures it).
+"""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Iterable, Sequence
-
-import torch
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from harness.contract import protocol
-from harness.offload.stalls import TIMES as OFFLOAD_TIMES
 from harness.contract.stats import median_interval
-
-# An offload arm's step-record fields: counts and device seconds (per-step deltas of cumulative counters), and
-# our pass's allocator reading at the forward's start (before its launch op). `offload_cycles`: how many times
-# per optimizer step the states went out (and back): 1 for our pass whatever the gradient accumulation, one per
-# micro-batch for DeepSpeed's pass.
-OFFLOAD_COUNTS = ("offload_launches", "reloads", "offload_bytes", "reload_bytes", "empty_cache_calls",
-                  "offload_cycles")
-OFFLOAD_COUNTERS = OFFLOAD_COUNTS + OFFLOAD_TIMES
-OFFLOAD_GAUGES = ("fwd_start_allocated_bytes",)
-# The step's segments the monitor reads peaks for, in order: forward + backward (to engine.backward's return),
-# then the optimizer step. Every arm's step record has `<segment>_peak_allocated_bytes`.
-SEGMENTS = ("fwd_bwd", "opt_step")
-SEGMENT_PEAKS = tuple(f"{segment}_peak_allocated_bytes" for segment in SEGMENTS)
-# Step-record fields that are aggregated across ranks, and how.
-RANK_MAX_FIELDS = ("step_time_s", "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms",
-                   *SEGMENT_PEAKS, *OFFLOAD_TIMES, *OFFLOAD_GAUGES)
-RANK_MIN_FIELDS = OFFLOAD_COUNTS
+from harness.contract.units import GB
 
 
-def phase_of(step: int, phase_starts: Sequence[int]) -> tuple[int, int]:
-    """(phase index, step within the phase) of an optimizer step, given the steps where phases begin."""
-    phase = max(i for i, start in enumerate(phase_starts) if start <= step)
-    return phase, step - phase_starts[phase]
+@dataclass(frozen=True)
+class Column:
+    """A report column of a field: its heading, which of its phase statistics it shows, and in which table."""
+    title: str
+    stat: str
+    table: str  # "memory": per design point and phase; "transfers": the final phase of points that timed copies
+
+
+@dataclass(frozen=True)
+class StepField:
+    name: str
+    unit: str  # "s", "bytes", "count", "tokens", "tokens/s", "TFLOP/s", "loss", "flag", "index"
+    source: str  # who measures it: "loop" (the step loop), "monitor" (device memory), "arm" (the arm's counters)
+    ranks: str | None = None  # how ranks combine it: "max", "min" (> 0 proves every rank did it), "mean"; None:
+    #                           the same on every rank, or worked out on rank 0 after combining (tokens/s)
+    phase: tuple[str, ...] = ()  # the statistics summary.json keeps of it per phase (PHASE_STATISTICS)
+    cumulative: bool = False  # the arm reports a running total: the record holds this step's delta
+    columns: tuple[Column, ...] = ()
+
+    @property
+    def scale(self) -> float:
+        """What a report cell divides by: bytes are shown in GB."""
+        return GB if self.unit == "bytes" else 1
+
+
+def _present(rows: Iterable[Mapping], key: str) -> list:
+    return [row[key] for row in rows if row.get(key) is not None]
 
 
 def quartiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -44,140 +56,113 @@ def quartiles(values: Sequence[float]) -> dict[str, float | None]:
     return {"median": statistics.median(values), "p25": p25, "p75": p75}
 
 
-def _present(rows: Iterable[dict], key: str) -> list:
-    return [r[key] for r in rows if r.get(key) is not None]
-
-
 def time_stats(values: Sequence[float]) -> dict[str, float | None]:
     """Median, p25/p75 and the median's 95% bootstrap interval (ci95_low/high; nulls for fewer than two values)."""
     low, high = median_interval(values) or (None, None)
     return {**quartiles(values), "ci95_low": low, "ci95_high": high}
 
 
+# A phase statistic: (every step of the phase, its measured steps) -> its entries. Memory peaks, retries and OOMs
+# count every step (the compile step's too); times, rates and bytes moved count the measured steps only.
+PHASE_STATISTICS: dict[str, Callable[[list[float], list[float]], dict[str, Any]]] = {
+    "interval": lambda every, measured: time_stats(measured),
+    "quartiles": lambda every, measured: quartiles(measured),
+    "median": lambda every, measured: {"median": quartiles(measured)["median"]},
+    "max": lambda every, measured: {"max": max(every, default=None)},
+    # the phase's first step can hold the compiler's peak (DeepCompile's profiling): steady_max leaves it out
+    "steady_max": lambda every, measured: {"steady_max": max(measured, default=None)},
+    "sum": lambda every, measured: {"sum": sum(every) if every else None},
+}
+
+FIELDS: tuple[StepField, ...] = (
+    StepField("step", "index", "loop"),
+    StepField("phase", "index", "loop"),
+    StepField("phase_step", "index", "loop"),
+    StepField("step_time_s", "s", "loop", ranks="max", phase=("interval",)),
+    StepField("loss", "loss", "loop", ranks="mean"),  # the mean over the step's micro-batches, then over ranks
+    StepField("tokens", "tokens", "loop"),
+    StepField("tokens_per_s", "tokens/s", "loop", phase=("quartiles",)),
+    StepField("tflops_per_gpu", "TFLOP/s", "loop", phase=("quartiles",)),
+    StepField("traced", "flag", "loop"),  # a debug recorder slowed this step: left out of the statistics
+    StepField("peak_allocated_bytes", "bytes", "monitor", ranks="max", phase=("max", "steady_max"),
+              columns=(Column("peak allocated (GB)", "max", "memory"),)),
+    StepField("peak_reserved_bytes", "bytes", "monitor", ranks="max", phase=("max",),
+              columns=(Column("peak reserved (GB)", "max", "memory"),)),
+    # the step's segments: forward + backward (to engine.backward's return), then the optimizer step
+    StepField("fwd_bwd_peak_allocated_bytes", "bytes", "monitor", ranks="max", phase=("steady_max",)),
+    StepField("opt_step_peak_allocated_bytes", "bytes", "monitor", ranks="max", phase=("steady_max",)),
+    # an offload arm's counters; `offload_cycles`: how many times per optimizer step the states went out (and
+    # back), 1 for our pass whatever the gradient accumulation, one per micro-batch for DeepSpeed's pass
+    StepField("offload_launches", "count", "arm", ranks="min", cumulative=True),
+    StepField("reloads", "count", "arm", ranks="min", cumulative=True),
+    StepField("offload_bytes", "bytes", "arm", ranks="min", phase=("median",), cumulative=True,
+              columns=(Column("offloaded/step (GB)", "median", "memory"),
+                       Column("offloaded (GB)", "median", "transfers"))),
+    StepField("reload_bytes", "bytes", "arm", ranks="min", phase=("median",), cumulative=True,
+              columns=(Column("reloaded/step (GB)", "median", "memory"),)),
+    StepField("empty_cache_calls", "count", "arm", ranks="min", cumulative=True),
+    StepField("offload_cycles", "count", "arm", ranks="min", phase=("median",), cumulative=True),
+    StepField("alloc_retries", "count", "monitor", ranks="max", phase=("sum",),
+              columns=(Column("alloc retries", "sum", "memory"),)),
+    StepField("ooms", "count", "monitor", ranks="max", phase=("sum",)),
+    # our pass's device seconds: each copy stream's busy time, and how long compute stood waiting for the copies
+    StepField("copy_d2h_busy_s", "s", "arm", ranks="max", phase=("median",), cumulative=True,
+              columns=(Column("D2H busy (s)", "median", "transfers"),)),
+    StepField("copy_h2d_busy_s", "s", "arm", ranks="max", phase=("median",), cumulative=True,
+              columns=(Column("H2D busy (s)", "median", "transfers"),)),
+    StepField("offload_stall_s", "s", "arm", ranks="max", phase=("median",), cumulative=True,
+              columns=(Column("compute waits (s)", "median", "transfers"),)),
+    # our pass's allocator reading at its launch op: the forward's start, before any offload
+    StepField("fwd_start_allocated_bytes", "bytes", "arm", ranks="max"),
+)
+
+
+def fields(source: str | None = None) -> tuple[StepField, ...]:
+    """The declared fields (read at call time, so a test may declare one more), of one source or all."""
+    return tuple(field for field in FIELDS if source is None or field.source == source)
+
+
+def record(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's record: every declared field, null where nothing measured it (a CPU run's memory, an arm without
+    counters); a value no field declares is not recorded."""
+    return {field.name: values.get(field.name) for field in fields()}
+
+
+def columns(table: str) -> list[tuple[StepField, Column]]:
+    """A report table's columns, in declaration order."""
+    return [(field, column) for field in fields() for column in field.columns if column.table == table]
+
+
+# --- phases ----------------------------------------------------------------------------------------------
+
+def phase_of(step: int, phase_starts: Sequence[int]) -> tuple[int, int]:
+    """(phase index, step within the phase) of an optimizer step, given the steps where phases begin."""
+    phase = max(i for i, start in enumerate(phase_starts) if start <= step)
+    return phase, step - phase_starts[phase]
+
+
 def phase_stats(phase: int, rows: list[dict], warmup: int = 0) -> dict[str, Any]:
     """Statistics of one phase; its first step compiles (or warms up) and is reported apart, and the `warmup` steps
-    after it and any step slowed by a debug trace (`traced`) are left out of the statistics."""
-    first = [r for r in rows if r["phase_step"] == 0]
-    measured = [r for r in rows if protocol.is_measured(r, warmup)]
-    maxima = {k: (max(v) if (v := _present(rows, k)) else None)
-              for k in ("peak_allocated_bytes", "peak_reserved_bytes")}
-    sums = {k: (sum(v) if (v := _present(rows, k)) else None) for k in ("alloc_retries", "ooms")}
-    return {
+    after it and any step slowed by a debug trace (`traced`) are left out of the measured steps."""
+    first = [row for row in rows if row["phase_step"] == 0]
+    measured = [row for row in rows if protocol.is_measured(row, warmup)]
+    stats: dict[str, Any] = {
         "phase": phase,
-        "first_step": min(r["step"] for r in rows),
-        "last_step": max(r["step"] for r in rows),
+        "first_step": min(row["step"] for row in rows),
+        "last_step": max(row["step"] for row in rows),
         "n": len(measured),
-        "measured_steps": [r["step"] for r in measured],
+        "measured_steps": [row["step"] for row in measured],
         "compile_time_s": first[0]["step_time_s"] if first else None,
-        "step_time_s": time_stats(_present(measured, "step_time_s")),
-        "tokens_per_s": quartiles(_present(measured, "tokens_per_s")),
-        "tflops_per_gpu": quartiles(_present(measured, "tflops_per_gpu")),
-        # steady_max: steps after the phase's first, whose peak can be the compiler's (DeepCompile's profiling)
-        "peak_allocated_bytes": {"max": maxima["peak_allocated_bytes"],
-                                 "steady_max": max(_present(measured, "peak_allocated_bytes"), default=None)},
-        "peak_reserved_bytes": {"max": maxima["peak_reserved_bytes"]},
-        "alloc_retries": {"sum": sums["alloc_retries"]},
-        "ooms": {"sum": sums["ooms"]},
-        **{k: {"median": quartiles(_present(measured, k))["median"]}
-           for k in ("offload_bytes", "reload_bytes", "offload_cycles", *OFFLOAD_TIMES)},
-        **{k: {"steady_max": max(_present(measured, k), default=None)} for k in SEGMENT_PEAKS},
     }
+    for field in fields():
+        if field.phase:
+            every, steady = _present(rows, field.name), _present(measured, field.name)
+            stats[field.name] = {key: value for statistic in field.phase
+                                 for key, value in PHASE_STATISTICS[statistic](every, steady).items()}
+    return stats
 
 
 def summarize_phases(rows: list[dict], warmup: int = 0) -> list[dict[str, Any]]:
     """Per-phase statistics of a run's step rows, in phase order, `warmup` steps after each compile step left out."""
-    phases = sorted({r["phase"] for r in rows})
-    return [phase_stats(p, [r for r in rows if r["phase"] == p], warmup) for p in phases]
-
-
-def physical_total_bytes(device: torch.device) -> int | None:
-    """The real device's memory (None on CPU)."""
-    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-
-
-class MemoryMonitor:
-    """Per-step device memory peaks, per segment of the step (SEGMENTS), and allocator events (None everywhere on
-    a CPU run). `emulated_bytes` is the emulated device size (env.device_memory_gb), which every memory-aware
-    decision sees instead of the real one."""
-
-    def __init__(self, device: torch.device, emulated_bytes: int | None = None):
-        self.cuda = device.type == "cuda"
-        self.device = device
-        self.emulated_bytes = emulated_bytes
-        self._retries = self._ooms = 0
-        self._segments: dict[str, tuple[int, int]] = {}  # this step's closed segments: (allocated, reserved) peaks
-        if self.cuda:
-            stats = torch.cuda.memory_stats(device)
-            self._retries, self._ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
-
-    def reset_peaks(self) -> None:
-        """A step starts: its peaks count from here."""
-        self._segments = {}
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def end_segment(self, segment: str) -> None:
-        """Close a segment of the step (SEGMENTS; with gradient accumulation each micro-batch closes each once, and
-        the segment keeps its highest peaks) and start counting the next one's peaks from here."""
-        if not self.cuda:
-            return
-        allocated, reserved = self._segments.get(segment, (0, 0))
-        peak_allocated, peak_reserved = _peaks(torch.cuda.memory_stats(self.device))
-        self._segments[segment] = (max(allocated, peak_allocated), max(reserved, peak_reserved))
-        torch.cuda.reset_peak_memory_stats(self.device)
-
-    def device_total_bytes(self) -> int | None:
-        """The device size decisions are made against: the emulated one, else the real one."""
-        return self.emulated_bytes if self.emulated_bytes is not None else physical_total_bytes(self.device)
-
-    def used_outside_torch_bytes(self) -> int | None:
-        """Device memory in use that this process's allocator does not hold: the CUDA context, other processes.
-        DeepCompile adds it to every profiled peak, so another job on the same GPU skews the offload plans."""
-        if not self.cuda:
-            return None
-        free, total = torch.cuda.mem_get_info(self.device)
-        return total - free - torch.cuda.memory_reserved(self.device)
-
-    def step_stats(self) -> dict[str, int | None]:
-        """The step's peaks (over its segments and whatever ran after the last one), each segment's allocated peak,
-        and allocator retries/OOMs since the last call."""
-        if not self.cuda:
-            return {"peak_allocated_bytes": None, "peak_reserved_bytes": None, **dict.fromkeys(SEGMENT_PEAKS),
-                    "alloc_retries": None, "ooms": None}
-        stats = torch.cuda.memory_stats(self.device)
-        retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
-        peaks = [*self._segments.values(), _peaks(stats)]
-        out = {"peak_allocated_bytes": max(allocated for allocated, _ in peaks),
-               "peak_reserved_bytes": max(reserved for _, reserved in peaks),
-               **{f"{segment}_peak_allocated_bytes": self._segments[segment][0] if segment in self._segments else None
-                  for segment in SEGMENTS},
-               "alloc_retries": retries - self._retries, "ooms": ooms - self._ooms}
-        self._retries, self._ooms = retries, ooms
-        return out
-
-
-def _peaks(stats: dict) -> tuple[int, int]:
-    """(allocated, reserved) peaks since torch's last peak reset, from `torch.cuda.memory_stats`."""
-    return stats.get("allocated_bytes.all.peak", 0), stats.get("reserved_bytes.all.peak", 0)
-
-
-def aggregate_over_ranks(record: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Max over ranks for time and memory, min for offload counters (> 0 proves every rank ran them),
-    mean for the loss. A no-op for world size 1."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return record
-    out = dict(record)
-    for fields, op in ((RANK_MAX_FIELDS, dist.ReduceOp.MAX), (RANK_MIN_FIELDS, dist.ReduceOp.MIN)):
-        present = [k for k in fields if record.get(k) is not None]
-        if not present:
-            continue
-        values = torch.tensor([float(record[k]) for k in present], dtype=torch.float64, device=device)
-        dist.all_reduce(values, op=op)
-        for k, v in zip(present, values.tolist()):
-            out[k] = v if isinstance(record[k], float) else int(v)
-    loss = torch.tensor([record["loss"]], dtype=torch.float64, device=device)
-    dist.all_reduce(loss, op=dist.ReduceOp.SUM)
-    out["loss"] = loss.item() / dist.get_world_size()
-    return out
+    phases = sorted({row["phase"] for row in rows})
+    return [phase_stats(phase, [row for row in rows if row["phase"] == phase], warmup) for phase in phases]

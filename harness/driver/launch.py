@@ -23,7 +23,6 @@ import psutil
 from harness import arms
 from harness.contract import runfiles
 
-STATUSES = ("ok", "oom", "died", "timeout", "preempted", "interrupted", "skipped", "config_error", "error")
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
 _KILL_GRACE_S = 10
 _POLL_S = 1.0  # how often the launch loop checks the timeout and the point's other nodes

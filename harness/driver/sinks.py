@@ -11,6 +11,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from harness.contract import exits, reader, runfiles
+from harness.contract.runfiles import UNNUMBERED, job_order
 from harness.contract.checks import lookup
 
 
@@ -116,16 +117,6 @@ def point_dirs(sweep_dir: Path) -> list[Path]:
     """Every point folder Hydra made in a sweep dir ('<job num>_...'), recorded or not."""
     return sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir() and job_order(p)[0] != UNNUMBERED),
                   key=job_order)
-
-
-UNNUMBERED = 1 << 30  # job_order's number for a folder that is not a point's
-
-
-def job_order(run_dir: str | Path) -> tuple[int, str]:
-    """Hydra names run dirs '<job num>_<overrides>': order by job number, not by text (others last)."""
-    name = Path(run_dir).name
-    head = name.split("_", 1)[0]
-    return (int(head) if head.isdigit() else UNNUMBERED, name)
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def plan_facts() -> dict:
 
 
 def observe_step(record: dict) -> None:
-    """A finished step's record (metrics: its segment peaks), for the pass's step model."""
+    """A finished step's record (its segment peaks), for the pass's step model."""
     if _installed is not None:
         _installed.observe_step(record)
 

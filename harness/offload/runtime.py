@@ -72,7 +72,7 @@ class OffloadRuntime:
         self.fallback_reloads = 0                   # states brought back outside a reload op, cumulative
         self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
         self._warned = False                        # one warning per plan about states found out of place
-        self.readings: dict[str, int] = {}          # this step's allocator reading at our ops (metrics.OFFLOAD_GAUGES)
+        self.readings: dict[str, int] = {}          # this step's allocator reading at our ops (a step field of the arm's)
         self.forward_start_bytes: int | None = None  # allocated at the last forward start, before its launch
 
     # ------------------------------------------------------------------ set-up (compile time)

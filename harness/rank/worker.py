@@ -25,7 +25,9 @@ from harness.rank import emulated_device, machine, models
 from harness.contract import protocol, runfiles
 from harness.rank.budget import resolve_budget_bytes
 from harness.rank.diagnostics import StepDiagnostics
-from harness.contract.steps import OFFLOAD_COUNTERS, OFFLOAD_GAUGES, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
+from harness.contract import steps
+from harness.contract.steps import phase_of
+from harness.rank.monitor import ArmCounters, MemoryMonitor, aggregate_over_ranks, physical_total_bytes
 from harness.contract.runfiles import StepWriter, write_json
 from harness.contract.units import GB
 
@@ -151,23 +153,6 @@ def slow_down(cfg: dict, step: int, rank: int) -> None:
         time.sleep(debug["fault_sleep_s"])
 
 
-class OffloadCounters:
-    """Per-step deltas of an arm's cumulative offload counters (None for arms without them)."""
-
-    def __init__(self, read: Callable[[], dict] | None):
-        self._read = read
-        self._last = self._read() if self._read else {}
-
-    def step_deltas(self) -> dict[str, int | float | None]:
-        """Counters as this step's deltas; memory readings as they are (None where the arm has none)."""
-        if self._read is None:
-            return {k: None for k in OFFLOAD_COUNTERS + OFFLOAD_GAUGES}
-        now = self._read()
-        deltas = {k: (now[k] - self._last.get(k, 0)) if k in now else None for k in OFFLOAD_COUNTERS}
-        self._last = now
-        return {**deltas, **{k: now.get(k) for k in OFFLOAD_GAUGES}}
-
-
 def run(cfg: dict, run_dir: Path, position: Position) -> None:
     import deepspeed
 
@@ -208,7 +193,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         write_json(run_dir / runfiles.WORKER, facts)
 
     generator = torch.Generator().manual_seed(train["seed"] * 1000 + rank)
-    counters = OffloadCounters(arm.offload_counter_reader())
+    counters = ArmCounters(arm.offload_counter_reader())
     counts = protocol.step_counts(train, starts)
     watch = MachineWatch(device, counts)
     tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
@@ -238,14 +223,12 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         synchronize(device)  # the one sync per step: the time covers all queued device work
         step_time = time.perf_counter() - start
         diagnostics.after(step, device, run_dir)
-        record = {"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
-                  "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(), **counters.step_deltas(),
-                  "traced": diagnostics.traces(step)}
+        record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
+                               "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(),
+                               **counters.step_values(), "traced": diagnostics.traces(step)})
         record = aggregate_over_ranks(record, device)
         arm.observe_step(record)
-        record["tokens"] = tokens
-        record["tokens_per_s"] = tokens / record["step_time_s"]
-        record["tflops_per_gpu"] = flops_per_token * tokens / record["step_time_s"] / world / 1e12
+        record.update(throughput(tokens, record["step_time_s"], flops_per_token, world))
         if writer is not None:
             writer.write(record)
             print(progress_line(record, counts.total), flush=True)
@@ -256,6 +239,12 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         writer.close()
     dist.barrier()
     print(f"worker: rank {rank} finished {counts.total} steps", flush=True)
+
+
+def throughput(tokens: int, step_time_s: float, flops_per_token: float, world: int) -> dict[str, float]:
+    """The step's tokens (every rank's), tokens per second and TFLOPs per GPU, from its time combined over ranks."""
+    return {"tokens": tokens, "tokens_per_s": tokens / step_time_s,
+            "tflops_per_gpu": flops_per_token * tokens / step_time_s / world / 1e12}
 
 
 def exit_now(code: int) -> NoReturn:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from harness.contract.checks import POSITIVE, POSITIVE_INT, Number, PlainName
 from harness.contract.errors import ConfigError
-from harness.contract.schema.fields import SOMETIMES
+from harness.contract.schema.fields import COLUMN, SOMETIMES, Column
 
 COUNT = Number(low=0, integer=True)  # a step, a rank, a count
 WHOLE_ELEMENTS = Number(low=1, whole=True)  # an element count such as 5e7 (null: DeepSpeed's default)
@@ -49,7 +49,7 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class ModelConfig(Group):
-    name: str
+    name: Annotated[str, Column("model")]
     family: Literal["qwen3", "llama"]
     config: ModelShape
 
@@ -69,16 +69,16 @@ class ModelConfig(Group):
 
 @dataclass(frozen=True)
 class TrainConfig(Group):
-    micro_batch: Annotated[int, POSITIVE_INT]
-    seq_len: Annotated[int, POSITIVE_INT]
-    warmup_steps: Annotated[int, COUNT]
-    measure_steps: Annotated[Optional[int], POSITIVE_INT]
-    steps: Annotated[Optional[int], POSITIVE_INT]  # the total; null: from the arm's phases (harness/contract/protocol.py)
-    grad_accum: Annotated[int, POSITIVE_INT]
-    dtype: Literal["bf16", "fp16", "fp32"]
+    micro_batch: Annotated[int, POSITIVE_INT, COLUMN]
+    seq_len: Annotated[int, POSITIVE_INT, COLUMN]
+    warmup_steps: Annotated[int, COUNT, COLUMN]
+    measure_steps: Annotated[Optional[int], POSITIVE_INT, COLUMN]
+    steps: Annotated[Optional[int], POSITIVE_INT, COLUMN]  # the total; null: from the arm's phases (harness/contract/protocol.py)
+    grad_accum: Annotated[int, POSITIVE_INT, COLUMN]
+    dtype: Annotated[Literal["bf16", "fp16", "fp32"], COLUMN]
     lr: Annotated[float, POSITIVE]
-    seed: Annotated[int, Number(integer=True)]
-    repeat: Annotated[int, COUNT]
+    seed: Annotated[int, Number(integer=True), COLUMN]
+    repeat: Annotated[int, COUNT, COLUMN]
     sub_group_size: Annotated[Optional[float], WHOLE_ELEMENTS]
     reduce_bucket_size: Annotated[Optional[float], WHOLE_ELEMENTS]
     torch_adam: Optional[bool]
@@ -98,9 +98,9 @@ class TrainConfig(Group):
 @dataclass(frozen=True)
 class BudgetConfig(Group):
     """The offload budget every offload arm plans against (resolved to bytes once, harness/rank/budget.py)."""
-    budget_gb: Annotated[Optional[float], Number(low=0)]
-    budget_fraction: Annotated[Optional[float], Number(low=0, high=1)]
-    margin: Annotated[float, Number(low=0, high=1, high_open=True)]
+    budget_gb: Annotated[Optional[float], Number(low=0), COLUMN]
+    budget_fraction: Annotated[Optional[float], Number(low=0, high=1), COLUMN]
+    margin: Annotated[float, Number(low=0, high=1, high_open=True), COLUMN]
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
@@ -112,15 +112,15 @@ class BudgetConfig(Group):
 @dataclass(frozen=True)
 class OffloadConfig(BudgetConfig):
     """The offload group: the budget, then our pass's knobs (arm=offload; DeepSpeed's pass has them hard-wired)."""
-    mode: Literal["async", "blocking"]
-    empty_cache: Literal["never", "once_per_phase", "per_step"]
-    streams: Literal["split", "single"]
-    reload: Literal["asap", "at_end"]
-    release: Literal["recorded", "ordered"]
-    evict_from: Literal["start", "planning_step"]
-    auto_rule: Literal["margin", "device_limit"]
-    budget_rule: Literal["deepspeed", "step_model"]
-    peak_cap_gb: Annotated[Optional[float], Number(low=0)]
+    mode: Annotated[Literal["async", "blocking"], Column("offload_mode")]
+    empty_cache: Annotated[Literal["never", "once_per_phase", "per_step"], COLUMN]
+    streams: Annotated[Literal["split", "single"], COLUMN]
+    reload: Annotated[Literal["asap", "at_end"], COLUMN]
+    release: Annotated[Literal["recorded", "ordered"], COLUMN]
+    evict_from: Annotated[Literal["start", "planning_step"], COLUMN]
+    auto_rule: Annotated[Literal["margin", "device_limit"], COLUMN]
+    budget_rule: Annotated[Literal["deepspeed", "step_model"], COLUMN]
+    peak_cap_gb: Annotated[Optional[float], Number(low=0), COLUMN]
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
@@ -134,8 +134,8 @@ class OffloadConfig(BudgetConfig):
 
 @dataclass(frozen=True)
 class LauncherConfig(Group):
-    nproc_per_node: Annotated[int, POSITIVE_INT]
-    nnodes: Annotated[int, POSITIVE_INT]
+    nproc_per_node: Annotated[int, POSITIVE_INT, COLUMN]
+    nnodes: Annotated[int, POSITIVE_INT, COLUMN]
     timeout_s: Annotated[float, POSITIVE]
     stall_timeout_s: Annotated[Optional[float], POSITIVE]
     rdzv_backend: Optional[str]
@@ -157,7 +157,7 @@ class LoggerConfig(Group):
 @dataclass(frozen=True)
 class EnvConfig(Group):
     pytorch_cuda_alloc_conf: Optional[str]
-    device_memory_gb: Annotated[Optional[float], POSITIVE]
+    device_memory_gb: Annotated[Optional[float], POSITIVE, COLUMN]  # the emulated size (null: the real device)
     reserved_cap_gb: Annotated[Optional[float], POSITIVE]
 
     @classmethod
@@ -198,5 +198,6 @@ class DebugConfig(Group):
 
 @dataclass(frozen=True)
 class SweepConfig(Group):
-    name: Annotated[str, PlainName()]  # the W&B group and the sweep folder's name: one folder under multirun/
+    # the W&B group and the sweep folder's name: one folder under multirun/
+    name: Annotated[str, PlainName(), Column("sweep_name")]
     strict: bool  # true: a multirun exits 1 when a point is not ok (false: when a point left no summary)
