@@ -18,11 +18,10 @@ import pandas as pd
 from analysis.columns import cell_value, config_row, summary_row
 from harness.contract.reader import Problem, RunFiles, read_sweep
 from harness.contract.runfiles import job_order
+from harness.contract.statuses import OK
 from harness.contract.units import GB
 
 __all__ = ["GB", "OK", "Problem", "Sweep", "load_sweep", "load_sweeps", "resolved_budget_gb"]
-
-OK = "ok"
 
 
 @dataclass

@@ -34,6 +34,7 @@ from harness.cluster import nodes, stops  # noqa: E402
 from harness.contract.checks import is_usable_number, lookup  # noqa: E402
 from harness.contract.envinfo import collect_env  # noqa: E402
 from harness.contract.errors import ConfigError  # noqa: E402
+from harness.contract.schema.groups import check_emulated_size  # noqa: E402
 from harness.contract.steps import summarize_phases  # noqa: E402
 from harness.contract.runfiles import read_jsonl, write_atomic, write_json  # noqa: E402
 from harness.driver.sinks import SweepIndexCallback, mirror_to_wandb  # noqa: E402
@@ -185,7 +186,7 @@ def checked_config(cfg: DictConfig, place: nodes.NodePlace) -> dict:
     config = compose.resolve(cfg)
     arms.admit(config.get("arm"))  # the arm this command line names; readers of the run dir never import it
     validate(config, _gpu_count())
-    emulated_device.check(config["env"], _device_total_bytes())
+    check_emulated_size(config["env"], _device_total_bytes())
     nodes.check_allocation(config["launcher"], place)
     return config
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from harness.contract.checks import POSITIVE, POSITIVE_INT, Number, PlainName
+from harness.contract.checks import POSITIVE, POSITIVE_INT, Number, PlainName, is_finite_number
 from harness.contract.errors import ConfigError
+from harness.contract.units import GB
 from harness.contract.schema.fields import COLUMN, SOMETIMES, Column
 
 COUNT = Number(low=0, integer=True)  # a step, a rank, a count
@@ -162,9 +163,24 @@ class EnvConfig(Group):
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
-        from harness.rank import emulated_device  # it reads GB from harness.rank.budget, which reads this schema
+        check_emulated_size(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
 
-        emulated_device.check(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
+
+def check_emulated_size(env_cfg: Mapping[str, Any], physical_bytes: int | None) -> None:
+    """Refuse a size that cannot mean anything: not a finite number > 0, larger than the real device, or
+    smaller than the reserved-memory ceiling measured inside it."""
+    size = env_cfg.get("device_memory_gb")
+    if size is None:
+        return
+    if not (is_finite_number(size) and size > 0):
+        raise ConfigError("env.device_memory_gb", f"must be null or a finite number > 0, got {size!r}")
+    if physical_bytes is not None and size * GB > physical_bytes:
+        raise ConfigError("env.device_memory_gb", f"{size:g} GB is more than this device's "
+                          f"{physical_bytes / GB:.2f} GB; an emulated device can only be smaller")
+    cap = env_cfg.get("reserved_cap_gb")
+    if is_finite_number(cap) and cap > size:
+        raise ConfigError("env.reserved_cap_gb", f"{cap:g} GB is above the emulated device "
+                          f"(env.device_memory_gb={size:g}); a ceiling inside it must be smaller")
 
 
 @dataclass(frozen=True)
