@@ -99,8 +99,8 @@ def plan_facts() -> dict:
     plan = _installed.last_plan if _installed is not None else None
     if plan is None:
         return {}
-    return {"planned_offload_bytes": int(plan["offloaded_bytes"]),
-            "predicted_peak_bytes": int(plan["predicted_peak_bytes"]), "budget_bytes": int(plan["budget_bytes"])}
+    return {"planned_offload_bytes": plan.offloaded_bytes, "predicted_peak_bytes": plan.predicted_peak_bytes,
+            "budget_bytes": plan.budget_bytes}
 
 
 def observe_step(record: dict) -> None:
