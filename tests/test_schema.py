@@ -192,3 +192,12 @@ def test_every_offload_key_is_an_analysis_column_named_by_the_schema():
 
     assert {f"offload.{key}" for key in rules(schema.OffloadConfig)} <= set(CONFIG_COLUMNS)
     assert CONFIG_COLUMNS["offload.evict_from"] == "evict_from" and CONFIG_COLUMNS["offload.mode"] == "offload_mode"
+
+
+def test_the_log_level_is_a_choice_with_info_by_default():
+    defaults = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf/launcher/local.yaml").read_text())
+    assert defaults["log_level"] == "INFO"
+    assert schema.choices(schema.LauncherConfig, "log_level") == ("DEBUG", "INFO", "WARNING", "ERROR")
+    with pytest.raises(ConfigError) as error:
+        check_fields("launcher", schema.LauncherConfig, {**defaults, "log_level": "LOUD"})
+    assert error.value.key == "launcher.log_level"

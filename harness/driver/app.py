@@ -10,6 +10,7 @@ recorded `preempted`, and exits 143. Exit codes: harness/contract/exits.py.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -27,9 +28,9 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness import arms  # noqa: E402
-from harness.driver import compose, estimate, launch, progress  # noqa: E402
+from harness.driver import compose, console, estimate, launch, progress  # noqa: E402
 from harness.rank import emulated_device, machine  # noqa: E402
-from harness.contract import exits, protocol, runfiles  # noqa: E402
+from harness.contract import exits, logs, protocol, runfiles  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
 from harness.contract.checks import is_usable_number, lookup  # noqa: E402
 from harness.contract.envinfo import collect_env  # noqa: E402
@@ -38,10 +39,10 @@ from harness.contract.schema.groups import check_emulated_size  # noqa: E402
 from harness.contract.steps import summarize_phases  # noqa: E402
 from harness.contract.runfiles import read_jsonl, write_atomic, write_json  # noqa: E402
 from harness.driver.sinks import SweepIndexCallback, mirror_to_wandb  # noqa: E402
-from harness.contract.units import GB  # noqa: E402
 from harness.driver.validate import check_group_choices, validate  # noqa: E402
 
 CONFIG_ERROR_EXIT_CODE = exits.CONFIG_ERROR
+logger = logging.getLogger(__name__)
 
 
 def build_summary(config: dict, status: str, reason: str | None, rows: list[dict], wall_time_s: float,
@@ -136,24 +137,6 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
     return build_summary(config, status, reason, rows, result.wall_time_s, facts, oom)
 
 
-def print_phase_table(summary: dict) -> None:
-    print(f"status: {summary['status']}" + (f" ({summary['reason']})" if summary["reason"] else ""))
-    if not summary["phases"]:
-        return
-    print(f"{'phase':>5} {'steps':>5} {'n':>3} {'compile s':>9} {'median s':>9} {'95% interval':>17} {'p25 s':>8}"
-          f" {'p75 s':>8} {'tok/s':>10} {'peak resv GB':>12}")
-    for p in summary["phases"]:
-        t, tok, resv = p["step_time_s"], p["tokens_per_s"]["median"], p["peak_reserved_bytes"]["max"]
-        fmt = lambda v, w, d: f"{v:>{w}.{d}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
-        interval = f"[{t['ci95_low']:.4f}, {t['ci95_high']:.4f}]" if t["ci95_low"] is not None else "-"
-        print(f"{p['phase']:>5} {p['first_step']:>2}-{p['last_step']:<2} {p['n']:>3} {fmt(p['compile_time_s'], 9, 3)}"
-              f" {fmt(t['median'], 9, 4)} {interval:>17} {fmt(t['p25'], 8, 4)} {fmt(t['p75'], 8, 4)}"
-              f" {fmt(tok, 10, 0)} {fmt(resv and resv / GB, 12, 2)}")
-    for note in [*(summary["steady_reasons"] if summary["steady"] is not None else []),
-                 *((summary["machine"] or {}).get("flags") or [])]:
-        print(f"flag: {note}")
-
-
 def drive(cfg: DictConfig) -> str:
     """One point, from composed config to recorded summary; returns the status. In a multirun nothing raises
     into the sweep (Hydra would then skip the sweep's index); a signal that stops the point ends the sweep after
@@ -208,10 +191,11 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     try:
         config = checked_config(cfg, place)
     except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
+        console.error(f"config error: {error}")
         if place.primary:
             write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
         return "config_error"
+    logs.setup(config["launcher"]["log_level"])
     # The point as it runs, over the config as written: train.steps the total, train.measure_steps the final
     # phase's measured count (harness/contract/protocol.py).
     config = protocol.with_step_counts(config, arms.from_config(config["arm"]).phase_start_steps(config))
@@ -224,7 +208,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     write_json(run_dir / runfiles.SUMMARY, summary)
     if config["logger"]["name"] == "wandb":
         mirror_point(run_dir, config, summary)
-    print_phase_table(summary)
+    console.phase_table(summary)
     if summary["status"] == "preempted" and stops.requeue_preempted(place, config["launcher"].get("requeue")):
         sys.exit(exits.REQUEUED)  # SLURM runs the job again; submitit waits for it instead of a result
     return summary["status"]
@@ -237,7 +221,7 @@ def mirror_point(run_dir: Path, config: dict, summary: dict) -> None:
         mirror_to_wandb(run_dir, config["logger"], config, read_jsonl(run_dir / runfiles.STEPS), summary, env,
                         group=config["sweep"]["name"])
     except Exception as error:  # W&B raises its own errors, pydantic's among them
-        print(f"warning: the W&B mirror of {run_dir} failed: {traceback_last_line(error)}", file=sys.stderr)
+        logger.warning(f"warning: the W&B mirror of {run_dir} failed: {traceback_last_line(error)}")
 
 
 def start_attempt(run_dir: Path, cfg: DictConfig) -> None:
@@ -248,7 +232,7 @@ def start_attempt(run_dir: Path, cfg: DictConfig) -> None:
 
     earlier = runfiles.set_aside_previous_attempt(run_dir)
     if earlier is not None:
-        print(f"{run_dir} held an earlier attempt: its files are now in {earlier}")
+        logger.info(f"{run_dir} held an earlier attempt: its files are now in {earlier}")
     hydra_root = HydraConfig.instance().cfg
     (run_dir / runfiles.HYDRA_DIR).mkdir(exist_ok=True)
     for name, node in ((runfiles.HYDRA_CONFIG, cfg), (runfiles.HYDRA_SETTINGS, hydra_root),
@@ -269,7 +253,7 @@ def record_failure(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, statu
     try:
         if summary_path.exists():
             recorded = json.loads(summary_path.read_text())["status"]
-            print(f"status: {recorded} (recorded before the driver ended: {reason})", file=sys.stderr)
+            console.error(f"status: {recorded} (recorded before the driver ended: {reason})")
             return status
         if place.primary and run_dir.is_dir():
             config = OmegaConf.to_container(cfg)  # unresolved: resolving may be what failed
@@ -278,8 +262,8 @@ def record_failure(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, statu
             rows = read_jsonl(run_dir / runfiles.STEPS)
             write_json(summary_path, build_summary(config, status, reason, rows, 0.0, {}))
     except Exception as error:
-        print(f"warning: cannot record {run_dir}: {traceback_last_line(error)}", file=sys.stderr)
-    print(f"status: {status} ({reason})", file=sys.stderr)
+        logger.warning(f"warning: cannot record {run_dir}: {traceback_last_line(error)}")
+    console.error(f"status: {status} ({reason})")
     return status
 
 
@@ -287,7 +271,7 @@ def stop_the_sweep(run_dir: Path, multirun: bool, status: str) -> None:
     """After a stop signal: the point is recorded; write the sweep's index (Hydra will not) and exit."""
     if multirun:
         SweepIndexCallback.write_running_index()
-    print(f"{status}: the point's run files are in {run_dir}", file=sys.stderr)
+    console.error(f"{status}: the point's run files are in {run_dir}")
     sys.exit(exits.stopped_exit_code(status))
 
 
@@ -318,7 +302,7 @@ def main() -> None:
             return
         check_command_line(args)
     except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
+        console.error(f"config error: {error}")
         sys.exit(CONFIG_ERROR_EXIT_CODE)
     stops.end_on_sigterm()
     try:
@@ -326,7 +310,7 @@ def main() -> None:
     except (KeyboardInterrupt, stops.Terminated) as stop:  # between points: no point is running
         status = "preempted" if isinstance(stop, stops.Terminated) else "interrupted"
         SweepIndexCallback.write_running_index()
-        print(status, file=sys.stderr)
+        console.error(status)
         sys.exit(exits.stopped_exit_code(status))
     finally:  # Hydra ended the sweep with an error of its own: the index still lists what was recorded
         if SweepIndexCallback.running_sweep_dir is not None and SweepIndexCallback.outcome is None:

@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from harness import arms
+from harness.driver import console
 from harness.driver.compose import compose_point, sweep_points
 from harness.contract.errors import ConfigError
 from harness.contract.units import GB
@@ -120,4 +121,4 @@ def format_estimate(rows: list[dict[str, Any]], labels: list[list[str]]) -> str:
 def print_estimate(overrides: list[str], multirun: bool) -> None:
     """Print every point of the sweep with its GPUs and per-rank memory; launch nothing."""
     points = sweep_points(overrides, multirun)
-    print(format_estimate([estimate_row(point) for point in points], _varying(points)))
+    console.out(format_estimate([estimate_row(point) for point in points], _varying(points)))

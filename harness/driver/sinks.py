@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,8 @@ from omegaconf import OmegaConf
 from harness.contract import exits, reader, runfiles
 from harness.contract.runfiles import UNNUMBERED, job_order
 from harness.contract.checks import lookup
+
+logger = logging.getLogger(__name__)
 
 
 def flat_summary(summary: dict) -> dict[str, Any]:
@@ -90,7 +92,7 @@ def index_lines(sweep_dir: Path) -> list[dict[str, Any]]:
         try:
             line = index_line(sweep_dir, run_dir)
         except (OSError, reader.MalformedFile) as error:
-            print(f"warning: {run_dir}: left out of the index: {error}", file=sys.stderr)
+            logger.warning(f"warning: {run_dir}: left out of the index: {error}")
             continue
         if line is not None:
             lines.append(line)
@@ -156,13 +158,13 @@ class SweepIndexCallback(Callback):
             listed = {line["run_dir"] for line in lines}
             unrecorded = tuple(p.name for p in point_dirs(sweep_dir) if p.name not in listed)
         except Exception as error:  # the sweep's points are recorded in their run dirs; say why the index is not
-            print(f"warning: sweep index of {sweep_dir} not written: {error}", file=sys.stderr)
+            logger.warning(f"warning: sweep index of {sweep_dir} not written: {error}")
             SweepIndexCallback.outcome = SweepOutcome((), (runfiles.INDEX,))
             return
         SweepIndexCallback.outcome = SweepOutcome(tuple(line["status"] for line in lines), unrecorded)
-        print(f"sweep index: {path} ({len(lines)} points)")
+        logger.info(f"sweep index: {path} ({len(lines)} points)")
         if unrecorded:
-            print(f"warning: {len(unrecorded)} point(s) left no summary: {', '.join(unrecorded)}", file=sys.stderr)
+            logger.warning(f"warning: {len(unrecorded)} point(s) left no summary: {', '.join(unrecorded)}")
 
     @staticmethod
     def exit_code() -> int | None:

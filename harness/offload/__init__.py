@@ -8,9 +8,12 @@ plan_facts()                                        what the last plan moves, pr
 """
 from __future__ import annotations
 
+import logging
 from harness.contract import schema
 from harness.contract.errors import ConfigError
 from harness.contract.units import GB
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "plan_facts", "PLANNING_STEP"]
 
@@ -163,8 +166,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
     runtime.gated = True
     if offload_cfg["evict_from"] == "start":
         moved = runtime.evict_from_start(lambda: discover_tasks(optimizer))
-        print(f"offload: {len(runtime.slots)} optimizer states ({moved / GB:.2f} GB) moved to the host before "
-              "step 0 (offload.evict_from=start)", flush=True)
+        logger.info(f"offload: {len(runtime.slots)} optimizer states ({moved / GB:.2f} GB) moved to the host "
+                    "before step 0 (offload.evict_from=start)")
     compile_schedule = schedule.build_schedule()
     offload_pass = OffloadPass(
         runtime, optimizer, None if uses_device_rule(offload_cfg) else budget_bytes, offload_cfg["reload"],

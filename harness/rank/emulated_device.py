@@ -16,11 +16,14 @@ emulated size.
 """
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Mapping
 
 from harness.contract.schema.groups import check_emulated_size
 from harness.contract.units import GB
+
+logger = logging.getLogger(__name__)
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _REQUESTED = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
@@ -59,8 +62,8 @@ def apply(env_cfg: Mapping[str, Any], device, physical_bytes: int | None) -> int
     if device.type == "cuda":
         set_allocator_ceiling(size, physical_bytes, device)
     else:
-        print(f"worker: env.device_memory_gb={env_cfg['device_memory_gb']:g}: no CUDA allocator to cap on this "
-              "machine; DeepSpeed's accelerator reports the emulated size", flush=True)
+        logger.info(f"worker: env.device_memory_gb={env_cfg['device_memory_gb']:g}: no CUDA allocator to cap on "
+                    "this machine; DeepSpeed's accelerator reports the emulated size")
     return size
 
 

@@ -7,6 +7,7 @@ optimizer step and writes worker.json; any rank that fails writes error.rank<R>.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -15,14 +16,14 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 from harness import arms
 from harness.rank import emulated_device, machine, models
-from harness.contract import protocol, runfiles
+from harness.contract import logs, protocol, runfiles
 from harness.rank.budget import resolve_budget_bytes
 from harness.rank.diagnostics import StepDiagnostics
 from harness.contract import steps
@@ -30,6 +31,9 @@ from harness.contract.steps import phase_of
 from harness.rank.monitor import ArmCounters, MemoryMonitor, aggregate_over_ranks, physical_total_bytes
 from harness.contract.runfiles import StepWriter, write_json
 from harness.contract.units import GB
+
+logger = logging.getLogger(__name__)
+progress = logging.getLogger(logs.PROGRESS)
 
 OOM_EXIT_CODE = 3
 SHARED_DEVICE_WARN_BYTES = 2 * GB  # a CUDA context takes ~0.5 GB; more than this means a neighbour
@@ -69,7 +73,7 @@ def cap_reserved_memory(cap_gb: float | None, monitor: MemoryMonitor) -> None:
     if cap_gb is None:
         return
     if not monitor.cuda:
-        print("worker: env.reserved_cap_gb needs CUDA (it caps the caching allocator); ignored", flush=True)
+        logger.warning("worker: env.reserved_cap_gb needs CUDA (it caps the caching allocator); ignored")
         return
     emulated_device.set_allocator_ceiling(int(cap_gb * GB), physical_total_bytes(monitor.device), monitor.device)
 
@@ -159,14 +163,15 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
     cuda = torch.cuda.is_available()
     device = init_distributed(cuda)
     rank, world = dist.get_rank(), dist.get_world_size()
+    logs.setup(cfg["launcher"].get("log_level", logs.DEFAULT_LEVEL), rank)
     train, model_cfg = cfg["train"], cfg["model"]
     # Before anything is allocated: the whole run sees the emulated device, phase 0 included.
     monitor = MemoryMonitor(device, emulated_device.apply(cfg["env"], device, physical_total_bytes(device)))
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
-        print(f"worker: rank {rank}: {outside / GB:.1f} GB of device memory in use outside this process before "
-              "the model exists: another job shares the GPU; timings and DeepCompile's memory profile (which adds "
-              "that memory to every node) are skewed", flush=True)
+        logger.warning(f"worker: rank {rank}: {outside / GB:.1f} GB of device memory in use outside this process "
+                       "before the model exists: another job shares the GPU; timings and DeepCompile's memory "
+                       "profile (which adds that memory to every node) are skewed")
     arm = arms.from_config(cfg["arm"])
     budget = resolve_budget(cfg["offload"], monitor, device) if arm.offloads_opt_states else None
 
@@ -231,14 +236,14 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         record.update(throughput(tokens, record["step_time_s"], flops_per_token, world))
         if writer is not None:
             writer.write(record)
-            print(progress_line(record, counts.total), flush=True)
+            progress.info(progress_line(record, counts.total))
 
     machine_facts = watch.facts()
     if rank == 0:
         write_json(run_dir / runfiles.WORKER, {**facts, **arm.plan_facts(), **machine_facts})
         writer.close()
     dist.barrier()
-    print(f"worker: rank {rank} finished {counts.total} steps", flush=True)
+    logger.info(f"worker: rank {rank} finished {counts.total} steps")
 
 
 def throughput(tokens: int, step_time_s: float, flops_per_token: float, world: int) -> dict[str, float]:

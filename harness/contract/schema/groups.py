@@ -145,6 +145,7 @@ class LauncherConfig(Group):
     dist_timeout_min: Annotated[Optional[float], POSITIVE, SOMETIMES]
     requeue: Annotated[bool, SOMETIMES]
     gpu_memory_gb: Annotated[Optional[float], POSITIVE, SOMETIMES]
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"]  # the harness's logger (harness/contract/logs.py)
 
 
 @dataclass(frozen=True)
