@@ -32,7 +32,7 @@ from harness.rank.monitor import ArmCounters, MemoryMonitor, aggregate_over_rank
 from harness.contract.runfiles import StepWriter, write_json
 from harness.contract.units import GB
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("harness.rank.worker")  # by name: torchrun runs this module as __main__
 progress = logging.getLogger(logs.PROGRESS)
 
 OOM_EXIT_CODE = 3
