@@ -42,6 +42,7 @@ class Node:
 
 @dataclass(frozen=True)
 class Task:
+    """One offload task as the planner sees it (states.Task on the device): its id and its bytes."""
     id: str
     bytes: int
 
