@@ -27,6 +27,7 @@ class Column:
 
 @dataclass(frozen=True)
 class StepField:
+    """One field of a steps.jsonl row, declared once; see the module docstring."""
     name: str
     unit: str  # "s", "bytes", "count", "tokens", "tokens/s", "TFLOP/s", "loss", "flag", "index"
     source: str  # who measures it: "loop" (the step loop), "monitor" (device memory), "arm" (the arm's counters)
