@@ -9,39 +9,14 @@ from dataclasses import fields
 from typing import Any
 
 from harness.arms.registry import TARGET
-from harness.checks import lookup
-from harness.reader import arm_class
+from harness.contract import schema
+from harness.contract.checks import lookup
+from harness.contract.reader import arm_class
 
-# Config keys the analysis names by a short column; other top-level arm knobs become arm_<knob>, and any
-# other overridden key keeps its dotted name.
-CONFIG_COLUMNS = {
-    "model.name": "model",
-    "arm.name": "arm",
-    "train.micro_batch": "micro_batch",
-    "train.seq_len": "seq_len",
-    "train.steps": "steps",
-    "train.warmup_steps": "warmup_steps",
-    "train.measure_steps": "measure_steps",
-    "train.grad_accum": "grad_accum",
-    "train.dtype": "dtype",
-    "train.seed": "seed",
-    "train.repeat": "repeat",
-    "offload.budget_gb": "budget_gb",
-    "offload.budget_fraction": "budget_fraction",
-    "offload.margin": "margin",
-    "offload.auto_rule": "auto_rule",
-    "offload.budget_rule": "budget_rule",
-    "offload.mode": "offload_mode",
-    "offload.empty_cache": "empty_cache",
-    "offload.streams": "streams",
-    "offload.reload": "reload",
-    "offload.release": "release",
-    "offload.peak_cap_gb": "peak_cap_gb",
-    "env.device_memory_gb": "device_memory_gb",  # the emulated device size (null: the real device)
-    "launcher.nproc_per_node": "nproc_per_node",
-    "launcher.nnodes": "nnodes",
-    "sweep.name": "sweep_name",
-}
+# Config keys the analysis names by a short column: the arm's name, then every key the schema marks as a column
+# (harness/contract/schema/groups.py); other top-level arm knobs become arm_<knob>, and any other overridden key
+# keeps its dotted name.
+CONFIG_COLUMNS = {"model.name": "model", "arm.name": "arm", **schema.config_columns()}
 # Keys added after some committed runs were recorded: what those runs did, which their config cannot name.
 BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed", "train.warmup_steps": 0}
 # offload.auto_rule has no such constant: before the key, our pass planned without a budget by the device rule for

@@ -1,7 +1,7 @@
 """Load sweep dirs (index + run dirs) into tidy DataFrames: one row per point, one per step (the row's
 columns: `analysis.columns`; the same rows from W&B: `analysis.wandb_export`).
 
-The run files come through harness.reader, the one reader of run dirs (never importing what a file names, never
+The run files come through harness.contract.reader, the one reader of run dirs (never importing what a file names, never
 leaving the sweep dir): a point whose config.yaml or summary.json is missing or malformed is left out; a missing
 env.json or bad steps.jsonl lines only cost those columns or rows. Each problem becomes one `Problem` naming the
 file, so callers can print one warning line per file and list the points left out.
@@ -16,13 +16,12 @@ from typing import Any
 import pandas as pd
 
 from analysis.columns import cell_value, config_row, recorded_auto_rule, summary_row
-from harness.reader import Problem, RunFiles, read_sweep
-from harness.sinks import job_order
-from harness.units import GB
+from harness.contract.reader import Problem, RunFiles, read_sweep
+from harness.contract.runfiles import job_order
+from harness.contract.statuses import OK
+from harness.contract.units import GB
 
 __all__ = ["GB", "OK", "Problem", "Sweep", "load_sweep", "load_sweeps", "resolved_budget_gb"]
-
-OK = "ok"
 
 
 @dataclass

@@ -4,7 +4,7 @@
 with a 95% bootstrap interval, the spread between repeats, and what makes it suspect (too few measured steps, an
 unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload and budget, and over
 DeepCompile without offload at one workload, as a ratio of those medians with a two-level bootstrap interval
-(harness/stats.py); an interval that holds 1 reads "no difference".
+(harness/contract/stats.py); an interval that holds 1 reads "no difference".
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from analysis.design import Design, design, format_value, is_missing
 from analysis.load import OK
 from analysis.tables import WORKLOAD_COLUMNS, NOT_APPLICABLE, Table, display_frame, failed_statuses, format_number, \
     order_key
-from harness import stats
+from harness.contract import stats
 from harness.arms import BenchRole, arm_names
 
 MIN_MEASURED = 20  # the protocol's least measured steps per run for a number that backs a claim

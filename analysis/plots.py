@@ -23,9 +23,9 @@ from analysis.render import to_csv
 from analysis.tables import (BUDGET_SOURCE, NON_OFFLOAD_ARMS, OFFLOAD_ARMS, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S,
                              WORKLOAD_COLUMNS, aggregate_repeats, budget_label, failed_statuses, order_key,
                              with_budget_source, with_planned_budgets)
-from harness import stats
+from harness.contract import stats
 from harness.arms import Arm, registered
-from harness.sinks import job_order
+from harness.contract.runfiles import job_order
 
 # Each arm's colour and marker (harness/arms/), so arms stay apart in greyscale too.
 ARM_STYLES = {name: (arm.display.colour, arm.display.marker) for name, arm in registered().items()}

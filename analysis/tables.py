@@ -18,6 +18,7 @@ import pandas as pd
 from analysis.design import Design, along_axis, design, format_value, is_idle, is_missing, varies
 from analysis.load import GB, OK
 from harness.arms import arm_names, registered
+from harness.contract.steps import columns as declared_columns
 
 ARMS = arm_names()  # the tables' row order
 BASELINE_ARM = arm_names(lambda arm: arm.baseline)[0]
@@ -195,13 +196,9 @@ def _numeric_first(text: str) -> tuple:
 
 
 PHASE_PATTERN = re.compile(r"^phase(\d+)_(.+)$")
-MEMORY_COLUMNS = {  # per-phase stat -> (column title, divisor)
-    "peak_allocated_bytes_max": ("peak allocated (GB)", GB),
-    "peak_reserved_bytes_max": ("peak reserved (GB)", GB),
-    "offload_bytes_median": ("offloaded/step (GB)", GB),
-    "reload_bytes_median": ("reloaded/step (GB)", GB),
-    "alloc_retries_sum": ("alloc retries", 1),
-}
+def memory_columns() -> dict[str, tuple[str, float]]:
+    """Per-phase stat -> (column title, divisor), as the step fields declare the memory table's columns."""
+    return {f"{field.name}_{column.stat}": (column.title, field.scale) for field, column in declared_columns("memory")}
 
 
 def phase_rows(points: pd.DataFrame) -> pd.DataFrame:
@@ -224,25 +221,25 @@ def memory_table(points: pd.DataFrame) -> Table:
     (GB), allocator retries."""
     points_design = design(points)
     keys = points_design.keys
-    values = aggregate_repeats(phase_rows(points), [*keys, "phase"], MEMORY_COLUMNS)
+    shown = memory_columns()
+    values = aggregate_repeats(phase_rows(points), [*keys, "phase"], shown)
     lines = []
     for row in values.to_dict("records"):
         line = {("", "arm"): points_design.label(row),
                 ("", "phase"): NOT_APPLICABLE if is_missing(row["phase"]) else format_value(row["phase"]),
                 ("", "runs"): _runs(row)}
-        for value, (name, scale) in MEMORY_COLUMNS.items():
+        for value, (name, scale) in shown.items():
             line[("", name)] = cell(row, value, scale)
         lines.append(line)
     return Table("memory", values, display_frame(lines))
 
 
-TRANSFER_COLUMNS = {  # final-phase median per step -> (column title, divisor)
-    "final_offload_bytes_median": ("offloaded (GB)", GB),
-    "final_copy_d2h_busy_s_median": ("D2H busy (s)", 1),
-    "final_copy_h2d_busy_s_median": ("H2D busy (s)", 1),
-    "final_offload_stall_s_median": ("compute waits (s)", 1),
-    STEP_TIME: ("step (s)", 1),
-}
+def transfer_columns() -> dict[str, tuple[str, float]]:
+    """Final-phase stat per step -> (column title, divisor): the transfers table's columns as the step fields
+    declare them, then the step time they are set against."""
+    declared = {f"final_{field.name}_{column.stat}": (column.title, field.scale)
+                for field, column in declared_columns("transfers")}
+    return {**declared, STEP_TIME: ("step (s)", 1)}
 
 
 def has_transfers(points: pd.DataFrame) -> bool:
@@ -256,9 +253,10 @@ def transfers_table(points: pd.DataFrame) -> Table:
     offloaded, how long each copy stream was busy, how long compute stood waiting for them, the step time."""
     measured = points[points["final_offload_stall_s_median"].notna()]
     points_design = design(measured)
-    values = aggregate_repeats(measured, points_design.keys, list(TRANSFER_COLUMNS))
+    shown = transfer_columns()
+    values = aggregate_repeats(measured, points_design.keys, list(shown))
     lines = [{("", "arm"): points_design.label(row), ("", "runs"): _runs(row),
-              **{("", name): cell(row, value, scale) for value, (name, scale) in TRANSFER_COLUMNS.items()}}
+              **{("", name): cell(row, value, scale) for value, (name, scale) in shown.items()}}
              for row in values.to_dict("records")]
     return Table("transfers", values, display_frame(lines))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.runfiles import read_jsonl
+from harness.contract.runfiles import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))
@@ -76,7 +76,7 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.fixture
 def run_file_mode() -> int:
     """The mode every run file gets under this process's umask (0644 under the usual 022)."""
-    from harness.runfiles import RUN_FILE_MODE
+    from harness.contract.runfiles import RUN_FILE_MODE
 
     umask = os.umask(0)
     os.umask(umask)
@@ -85,8 +85,9 @@ def run_file_mode() -> int:
 
 def schema_keys() -> dict[str, object]:
     """Every leaf key of the config schema (the arm group's as the default arm, zero3, has them) -> its check."""
-    from harness import arms, schema
-    from harness.schema.fields import rules
+    from harness import arms
+    from harness.contract import schema
+    from harness.contract.schema.fields import rules
 
     def leaves(prefix: str, group: type) -> dict[str, object]:
         found = {}

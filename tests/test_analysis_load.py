@@ -12,7 +12,7 @@ from analysis.design import design
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep, load_sweeps
 from analysis.wandb_export import load_wandb, wandb_point
-from harness.sinks import flat_summary
+from harness.driver.sinks import flat_summary
 
 
 def measured_median(times):
@@ -161,7 +161,7 @@ def test_overridden_keys_become_columns_for_every_point(tmp_path):
 
 
 def test_wandb_export_gives_the_columns_of_the_run_files(tmp_path):
-    """The W&B mirror logs config.yaml as config and summary.json through harness.sinks.flat_summary."""
+    """The W&B mirror logs config.yaml as config and summary.json through harness.driver.sinks.flat_summary."""
     run_dir = tmp_path / write_point(tmp_path, 0, arm="offload", budget_gb=4.0,
                                      phase_times=[(2.0, 0.9, 1.1), (3.0, 0.5, 0.7, 0.4)], offload_bytes=10**9)
     from_files = load_sweep(tmp_path).points.iloc[0]

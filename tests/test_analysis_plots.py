@@ -12,7 +12,7 @@ from analysis import plots  # noqa: E402
 from analysis.fixtures.synthetic import write_point  # noqa: E402
 from analysis.layout import unwrap  # noqa: E402
 from analysis.load import load_sweep  # noqa: E402
-from harness.metrics import quartiles  # noqa: E402
+from harness.contract.steps import quartiles  # noqa: E402
 
 COMPILE = 5.0
 pytestmark = pytest.mark.usefixtures("close_figures")

@@ -15,9 +15,9 @@ from analysis import capacity, plots, tables
 from conftest import driver_env
 from harness import arms
 from harness.arms.registry import TARGET
-from harness.compose import compose_point
-from harness.errors import ConfigError
-from harness.validate import validate
+from harness.driver.compose import compose_point
+from harness.contract.errors import ConfigError
+from harness.driver.validate import validate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARM_PACKAGE = REPO_ROOT / "harness" / "arms"
@@ -102,7 +102,7 @@ def test_a_run_dir_from_before_target_finds_its_arm_by_name():
     assert unknown.value.key == "arm.name"
 
 
-@pytest.mark.parametrize("target", ["nowhere.Arm", "harness.arms.zero3.Nothing", "harness.errors.ConfigError", "x"])
+@pytest.mark.parametrize("target", ["nowhere.Arm", "harness.arms.zero3.Nothing", "harness.contract.errors.ConfigError", "x"])
 def test_a_target_that_is_no_arm_class_is_refused_naming_the_key(target):
     with pytest.raises(ConfigError) as error:
         validate(config(f"arm.{TARGET}={target}"), gpu_count=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from analysis.fixtures.synthetic import write_point as write_synthetic
-from harness.bench import comparisons, knob_defaults, load_points, report, run_lengths
+from analysis.bench import comparisons, knob_defaults, load_points, report, run_lengths
 
 
 def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[float], budget_gb=1e-6,
@@ -87,7 +87,7 @@ def test_reserved_trajectory_prints_repeats_once_with_their_count():
 
 
 def test_stall_and_prediction_error_are_reported_for_points_that_have_them():
-    from harness.bench import prediction_error, stall_and_prediction
+    from analysis.bench import prediction_error, stall_and_prediction
 
     summary = {"predicted_peak_bytes": 11_000_000_000,
                "final": {"phase": 1, "offload_stall_s": {"median": 0.0125}}}

@@ -18,10 +18,10 @@ import pytest
 
 import conftest
 from conftest import driver_env
-from harness import compose, launch
+from harness.driver import compose, launch
 from harness.cluster import nodes, preview, stops
-from harness.errors import ConfigError
-from harness.runfiles import read_jsonl
+from harness.contract.errors import ConfigError
+from harness.contract.runfiles import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAST = ["model=tiny", "train.warmup_steps=0", "train.measure_steps=2", "train.seq_len=32", "logger=none"]
@@ -247,7 +247,7 @@ def test_readme_shows_the_generated_two_node_job(conf_copy, monkeypatch):
     assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "DEEPSPEED_TIMEOUT=10",
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"} <= set(words)
     assert {"--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=static", "--rdzv_endpoint=gpu01:30956"} <= set(words)
-    assert words[-3:] == ["-m", "harness.worker", "RUN_DIR"] and "worker.node1.log" in node_part
+    assert words[-3:] == ["-m", "harness.rank.worker", "RUN_DIR"] and "worker.node1.log" in node_part
 
 
 # --- end to end on this machine ------------------------------------------------------------------------

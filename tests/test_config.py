@@ -8,9 +8,9 @@ from omegaconf import OmegaConf
 
 from conftest import BAD_VALUES
 from harness import arms
-from harness.errors import ConfigError
-from harness.models import count_parameters, flops_per_token
-from harness.validate import check_group_choices, validate
+from harness.contract.errors import ConfigError
+from harness.rank.models import count_parameters, flops_per_token
+from harness.driver.validate import check_group_choices, validate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF = REPO_ROOT / "conf"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import driver_env, harness_run, unwritable
-from harness.runfiles import read_jsonl
+from harness.contract.runfiles import read_jsonl
 
 FAST = ["model=tiny"]  # nothing launches: each point is refused before its ranks would start
 

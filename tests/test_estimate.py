@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from harness import arms, estimate
-from harness.errors import ConfigError
+from harness import arms
+from harness.driver import estimate
+from harness.contract.errors import ConfigError
 
 
 def estimate_cmd(*flags: str) -> list[str]:

@@ -6,10 +6,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import unwritable
-from harness import exits
+from harness.contract import exits
 from harness.cluster import stops
 from harness.cluster.nodes import NodePlace
-from harness.run import record_failure
+from harness.driver.app import record_failure
 
 WORKSTATION = NodePlace(0, 1, ("h",))
 SLURM_JOB = NodePlace(0, 1, ("h",), job_id="42")

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from harness import launch
-from harness.progress import StallWatch
+from harness.driver import launch
+from harness.driver.progress import StallWatch
 
 # torchrun's stand-in: starts a "rank" in a session of its own that ignores SIGTERM, writes its pid, waits
 RANK = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
@@ -135,7 +135,7 @@ def test_the_launch_loop_ends_a_stalled_point(tmp_path, monkeypatch):
 TORCHRUN_REPORT = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-harness.worker FAILED
+harness.rank.worker FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

@@ -1,7 +1,7 @@
 """The allocator-trace summary on hand-made snapshots in torch's format (the recording itself needs CUDA)."""
 from __future__ import annotations
 
-from harness import memory_trace
+from harness.rank import memory_trace
 
 TORCH_FRAME = {"filename": memory_trace.torch_package_dir() + "cuda/memory.py", "line": 10, "name": "alloc"}
 # a checkout under a directory named torch must still count as the caller's code

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.metrics import SEGMENT_PEAKS, MemoryMonitor, summarize_phases
+from harness.contract.steps import summarize_phases
+from harness.rank.monitor import SEGMENT_PEAKS, MemoryMonitor
 
 
 def row(step, phase_step, time, traced=False, reserved=10):

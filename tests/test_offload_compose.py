@@ -11,8 +11,8 @@ from deepspeed.compile.passes import contract, prefetch, selective_gather, zero3
 from harness.offload import schedule
 from harness.offload.graph_pass import OffloadPass, PlanFiles
 from harness.offload.mover import StateMover
-from harness.offload.plan import make_plan
-from harness.offload.profiling import readings_before
+from harness.offload.plan import make_plan, read_plan_file
+from harness.offload.profile_builder import readings_before
 from harness.offload.runtime import EmptyCachePolicy, OffloadRuntime
 from offload_fakes import FakeDevice, FakeZero3Optimizer
 from test_offload_graph import profiling_result_for, synthetic_peaks, traced_graphs
@@ -107,12 +107,12 @@ def test_the_plan_counts_what_prefetch_and_selective_gather_hold(tmp_path, compo
     assert (profile["prefetch_bytes"], profile["gathered_bytes"]) == (40, gathered)
     recorded = {node["name"]: node["peak_bytes"] for graph in profile["graphs"] for node in graph["nodes"]}
     assert recorded == {**fwd_before, **bwd_before}  # planned on the readings without the composed passes
-    plan = json.loads((tmp_path / "plan.json").read_text())
-    expected = make_plan(profile, budget)
-    assert {key: plan[key] for key in expected} == expected
+    [record] = read_plan_file((tmp_path / "plan.json").read_text()).values()
+    plan = record.plan
+    assert plan == make_plan(profile, budget)
     alone = make_plan({key: value for key, value in profile.items()
                        if key not in ("prefetch_bytes", "gathered_bytes")}, budget - 40 - gathered)
-    assert plan["offloaded"] == alone["offloaded"] and plan["offloaded_bytes"] > 0
+    assert plan.offloaded == alone.offloaded and plan.offloaded_bytes > 0
 
 
 def test_without_composition_the_profile_has_no_held_bytes(tmp_path):

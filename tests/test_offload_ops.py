@@ -3,12 +3,13 @@ the runtime's modes and empty_cache policies, the config check, and a ZeRO-3 rou
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
 import torch.fx
 
-from harness.errors import ConfigError
+from harness.contract.errors import ConfigError
 from harness.offload import check_config, counters, ops
 from harness.offload.accumulation import EngineMicroBatches, WholeSteps
 from harness.offload.mover import StateMover
@@ -319,7 +320,9 @@ def test_without_gate_end_of_backward_makes_compute_wait_for_every_reload(bound)
     assert not any(entry[0] == "synchronize" for entry in device.log)  # a stream wait, not a host wait
 
 
-def test_end_of_backward_restores_states_with_no_reload_op_and_warns_after_the_compile_step(bound, caplog):
+def test_end_of_backward_restores_states_with_no_reload_op_and_warns_after_the_compile_step(bound, caplog,
+                                                                                         monkeypatch):
+    monkeypatch.setattr(logging.getLogger("harness"), "propagate", True)  # to caplog's handler on the root logger
     optimizer = FakeZero3Optimizer()
     runtime, device = make_runtime(optimizer)
     bound(runtime)

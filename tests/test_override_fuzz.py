@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf, open_dict
 
 from conftest import TINY_RUN, driver_env, schema_keys
-from harness import run
+from harness.driver import app
 from harness.cluster import nodes
-from harness.compose import compose_point
-from harness.errors import ConfigError
-from harness.runfiles import read_jsonl
+from harness.driver.compose import compose_point
+from harness.contract.errors import ConfigError
+from harness.contract.runfiles import read_jsonl
 
 # arm._target_ is Hydra's key, not the schema's: the driver imports what it names (the user's own command line).
 KEYS = sorted(schema_keys())
@@ -67,7 +67,7 @@ def driver_verdict(overrides: list[str]) -> str | None:
     """What the driver says to this command line up to the launch: None where it would launch, else its one line.
     Anything else it raises is a failure of the test."""
     try:
-        run.check_command_line(overrides)
+        app.check_command_line(overrides)
     except ConfigError as error:
         return f"config error: {error}"
     cfg = compose_point(overrides, with_hydra=True)
@@ -76,13 +76,13 @@ def driver_verdict(overrides: list[str]) -> str | None:
     with open_dict(cfg):
         del cfg["hydra"]
     try:
-        config = run.checked_config(cfg, PLACE)
+        config = app.checked_config(cfg, PLACE)
     except ConfigError as error:
-        run.build_summary(run.resolved_or_written(cfg), "config_error", str(error), [], 0.0, {})  # still recorded
+        app.build_summary(app.resolved_or_written(cfg), "config_error", str(error), [], 0.0, {})  # still recorded
         return f"config error: {error}"
     cmd, env = nodes.node_command(config, Path("/run dir"), PLACE)  # what Popen gets: text without NUL
     assert all(isinstance(part, str) and "\x00" not in part for part in [*cmd, *env.values()])
-    run.build_summary(config, "ok", None, [], 0.0, {})
+    app.build_summary(config, "ok", None, [], 0.0, {})
     return None
 
 

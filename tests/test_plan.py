@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,8 +13,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.errors import ConfigError
-from harness.offload.plan import load_profile, make_plan, plan_offload, plan_to_json
+from harness.contract.errors import ConfigError
+from harness.offload.plan import Plan, load_profile, make_plan, plan_file_text, plan_offload, read_plan_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMALL_PROFILE_PATH = REPO_ROOT / "tests" / "data" / "profile_small.json"
@@ -31,7 +32,7 @@ def small_profile() -> dict:
 
 
 def reload_points(plan: dict) -> list[tuple[str, int, str]]:
-    return [(reload["task"], reload["graph_id"], reload["after_node"]) for reload in plan["reloads"]]
+    return [(reload.task, reload.graph_id, reload.after_node) for reload in plan.reloads]
 
 
 def two_graph_profile(forward_peaks: list[int], backward_peaks: list[int], task_bytes: dict[str, int]) -> dict:
@@ -50,52 +51,52 @@ def two_graph_profile(forward_peaks: list[int], backward_peaks: list[int], task_
 def test_budget_above_floor_plus_states_offloads_nothing(small_profile):
     plan = make_plan(small_profile, 100)
     # 45 + 36 = 81 <= 100: everything stays; the peak is loss_bwd with all states on top, 52 + 36 = 88.
-    assert plan["offloaded"] == [] and plan["reloads"] == []
-    assert (plan["resident_bytes"], plan["offloaded_bytes"], plan["total_state_bytes"]) == (36, 0, 36)
-    assert (plan["forward_peak_bytes"], plan["floor_bytes"]) == (45, 52)
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (88, True)
+    assert plan.offloaded == [] and plan.reloads == []
+    assert (plan.resident_bytes, plan.offloaded_bytes, plan.total_state_bytes) == (36, 0, 36)
+    assert (plan.forward_peak_bytes, plan.floor_bytes) == (45, 52)
+    assert (plan.predicted_peak_bytes, plan.feasible) == (88, True)
 
 
 def test_partial_budget_keeps_a_prefix_and_reloads_as_early_as_fits(small_profile):
     plan = make_plan(small_profile, 68, "asap")
     # Headroom 68 - 45 = 23 keeps 8 + 8; the next 8 does not fit in the 7 left, and the planner stops there
     # even though 1:exp_avg (4) would fit after it.
-    assert plan["offloaded"] == TASK_IDS[2:]
-    assert (plan["resident_bytes"], plan["offloaded_bytes"]) == (16, 20)
+    assert plan.offloaded == TASK_IDS[2:]
+    assert (plan.resident_bytes, plan.offloaded_bytes) == (16, 20)
     # After loss_bwd the later peak is 50: 50+16+8 = 74 > 68, nothing. After mm1_bwd the later peak is 35:
     # 35+16+8 = 59, 35+24+4 = 63, 35+28+4 = 67 fit, 35+32+4 = 71 does not. After mm0_bwd (later 16): 16+32+4 = 52.
     assert reload_points(plan) == [("0:hp_param", 1, "mm1_bwd"), ("1:exp_avg", 1, "mm1_bwd"),
                                    ("1:exp_avg_sq", 1, "mm1_bwd"), ("1:hp_param", 0, "mm0_bwd")]
-    assert all(reload["bwd"] is True for reload in plan["reloads"])
+    assert all(reload.bwd is True for reload in plan.reloads)
     # Node costs: forward up to 45+16 = 61, loss_bwd 52+16 = 68, mm1_bwd 50+16 = 66, mm0_bwd 35+32 = 67,
     # embed_bwd 16+36 = 52, end 16+36 = 52.
-    assert (plan["predicted_peak_bytes"], plan["feasible"], plan["reload_policy"]) == (68, True, "asap")
+    assert (plan.predicted_peak_bytes, plan.feasible, plan.reload_policy) == (68, True, "asap")
 
 
 def test_at_end_reloads_everything_after_the_last_backward_node(small_profile):
     plan = make_plan(small_profile, 68, "at_end")
-    assert plan["offloaded"] == TASK_IDS[2:]
+    assert plan.offloaded == TASK_IDS[2:]
     assert reload_points(plan) == [(task, 0, "embed_bwd") for task in TASK_IDS[2:]]
     # max(floor + resident, last peak + total) = max(52+16, 16+36)
-    assert (plan["predicted_peak_bytes"], plan["feasible"], plan["reload_policy"]) == (68, True, "at_end")
+    assert (plan.predicted_peak_bytes, plan.feasible, plan.reload_policy) == (68, True, "at_end")
 
 
 def test_resident_set_is_sized_by_the_forward_peak_not_the_backward_one(small_profile):
     # Headroom 66 - 45 = 21 keeps 8 + 8 (against the floor, 66 - 52 = 14 would keep one 8).
     plan = make_plan(small_profile, 66)
-    assert plan["offloaded"] == TASK_IDS[2:] and plan["resident_bytes"] == 16
+    assert plan.offloaded == TASK_IDS[2:] and plan.resident_bytes == 16
     # After loss_bwd (later 50): 50+16+8 = 74 > 66. After mm1_bwd (later 35): 59 and 63 fit, 67 does not.
     # After mm0_bwd (later 16): 16+28+4 = 48 and 52 fit.
     assert reload_points(plan) == [("0:hp_param", 1, "mm1_bwd"), ("1:exp_avg", 1, "mm1_bwd"),
                                    ("1:exp_avg_sq", 0, "mm0_bwd"), ("1:hp_param", 0, "mm0_bwd")]
     # loss_bwd holds 52 + 16 = 68 > 66 whatever the reloads do; every other node fits (mm1_bwd 50+16 = 66,
     # mm0_bwd 35+28 = 63, embed_bwd 16+36 = 52).
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (68, False)
+    assert (plan.predicted_peak_bytes, plan.feasible) == (68, False)
     _, per_node = simulate(small_profile, plan)
     assert [cost > 66 for cost in per_node] == [False] * 4 + [True] + [False] * 3
     # Forward peak + all states = 81: nothing is offloaded, though backward then needs 52 + 36 = 88.
     keep_all = make_plan(small_profile, 81)
-    assert keep_all["offloaded"] == [] and (keep_all["predicted_peak_bytes"], keep_all["feasible"]) == (88, False)
+    assert keep_all.offloaded == [] and (keep_all.predicted_peak_bytes, keep_all.feasible) == (88, False)
 
 
 def test_reloads_wait_until_the_nodes_that_overflow_anyway_have_run():
@@ -103,57 +104,57 @@ def test_reloads_wait_until_the_nodes_that_overflow_anyway_have_run():
     plan = make_plan(profile, 8)
     # Headroom 8 - 4 = 4 keeps a (the floor, 10, would keep nothing). b0 and b1 overflow with a alone (13, 12):
     # after b0 (later 9) 9+3+3 = 15 > 8; after b1 (later 1) 1+3+3 = 7 fits.
-    assert plan["offloaded"] == ["b"]
+    assert plan.offloaded == ["b"]
     assert reload_points(plan) == [("b", 0, "b1")]
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (13, False)
+    assert (plan.predicted_peak_bytes, plan.feasible) == (13, False)
     # With b1 the last node, no node before the end has room: the reload goes after the last node.
     profile = two_graph_profile([4], [10, 9], {"a": 3, "b": 3})
     plan = make_plan(profile, 8)
-    assert plan["offloaded"] == ["b"] and reload_points(plan) == [("b", 0, "b1")]
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (15, False)  # end: 9 + 6
+    assert plan.offloaded == ["b"] and reload_points(plan) == [("b", 0, "b1")]
+    assert (plan.predicted_peak_bytes, plan.feasible) == (15, False)  # end: 9 + 6
 
 
 def test_more_budget_can_lose_feasibility():
     profile = two_graph_profile([2], [8, 0], {"a": 1, "b": 8})
     # Budget 9: headroom 7 keeps a; b comes back after b0 (later 0): 0+1+8 = 9. Costs: b0 8+1, b1 9, end 9.
     fits = make_plan(profile, 9)
-    assert fits["offloaded"] == ["b"] and (fits["predicted_peak_bytes"], fits["feasible"]) == (9, True)
+    assert fits.offloaded == ["b"] and (fits.predicted_peak_bytes, fits.feasible) == (9, True)
     # Budget 11: headroom 9 keeps both, and b0 then holds 8 + 9 = 17.
     overflows = make_plan(profile, 11)
-    assert overflows["offloaded"] == [] and (overflows["predicted_peak_bytes"], overflows["feasible"]) == (17, False)
+    assert overflows.offloaded == [] and (overflows.predicted_peak_bytes, overflows.feasible) == (17, False)
 
 
 def test_budget_equal_to_floor_offloads_all_and_fits_exactly(small_profile):
     plan = make_plan(small_profile, 52)
     # Headroom 52 - 45 = 7 keeps nothing.
-    assert plan["offloaded"] == TASK_IDS and plan["resident_bytes"] == 0
+    assert plan.offloaded == TASK_IDS and plan.resident_bytes == 0
     # loss_bwd (later 50): 50+8 = 58 does not fit. mm1_bwd (later 35): 35+8 = 43, 35+16 = 51 fit, 59 not.
     # mm0_bwd (later 16): 16+24, 16+28, 16+32, 16+36 fit.
     assert reload_points(plan) == [("0:exp_avg", 1, "mm1_bwd"), ("0:exp_avg_sq", 1, "mm1_bwd"),
                                    ("0:hp_param", 0, "mm0_bwd"), ("1:exp_avg", 0, "mm0_bwd"),
                                    ("1:exp_avg_sq", 0, "mm0_bwd"), ("1:hp_param", 0, "mm0_bwd")]
     # loss_bwd 52, mm1_bwd 50, mm0_bwd 35+16, embed_bwd 16+36, end 16+36
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (52, True)
+    assert (plan.predicted_peak_bytes, plan.feasible) == (52, True)
 
 
 def test_budget_below_floor_is_infeasible_and_still_offloads_all(small_profile):
     plan = make_plan(small_profile, 50)
-    assert plan["offloaded"] == TASK_IDS
+    assert plan.offloaded == TASK_IDS
     # mm1_bwd (later 35): 35+8 = 43 fits, 51 not. mm0_bwd (later 16): 32, 40, 44, 48 fit, 52 not. The rest go last.
     assert reload_points(plan) == [("0:exp_avg", 1, "mm1_bwd"), ("0:exp_avg_sq", 0, "mm0_bwd"),
                                    ("0:hp_param", 0, "mm0_bwd"), ("1:exp_avg", 0, "mm0_bwd"),
                                    ("1:exp_avg_sq", 0, "mm0_bwd"), ("1:hp_param", 0, "embed_bwd")]
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (52, False)  # loss_bwd alone, and the end
+    assert (plan.predicted_peak_bytes, plan.feasible) == (52, False)  # loss_bwd alone, and the end
 
 
 def test_states_that_cannot_all_return_make_the_plan_infeasible():
     profile = two_graph_profile([10], [10, 8], {"a": 6, "b": 6})
     plan = make_plan(profile, 14)
     # Headroom 14 - 10 = 4 keeps nothing. After b0 (later 8): 8+6 = 14 fits exactly, 8+12 = 20 does not; b goes last.
-    assert plan["offloaded"] == ["a", "b"]
+    assert plan.offloaded == ["a", "b"]
     assert reload_points(plan) == [("a", 0, "b0"), ("b", 0, "b1")]
     # Every node fits (b1: 8+6 = 14), but the step's end needs 8 + 12 = 20 > 14.
-    assert (plan["predicted_peak_bytes"], plan["feasible"]) == (20, False)
+    assert (plan.predicted_peak_bytes, plan.feasible) == (20, False)
 
 
 def test_make_plan_leaves_its_input_alone(small_profile):
@@ -163,9 +164,23 @@ def test_make_plan_leaves_its_input_alone(small_profile):
 
 
 def test_plan_json_is_stable(small_profile):
-    text = plan_to_json(make_plan(small_profile, 68))
-    assert text == plan_to_json(json.loads(text))
+    plan = make_plan(small_profile, 68, release="ordered", cap_bytes=60)
+    text = plan.to_json()
+    assert Plan.from_json(text) == plan and Plan.from_json(text).to_json() == text
     assert list(json.loads(text)) == sorted(json.loads(text))
+
+
+def test_every_committed_plan_json_reads_back_as_plans():
+    """plan.json of the committed runs (one phase or keyed by phase, older ones without `rule`) stays readable, and
+    a file as the pass writes it today is written again the same."""
+    files = sorted(REPO_ROOT.glob("results/*/sweep/*/plan.json"))
+    assert files
+    for path in files:
+        records = read_plan_file(path.read_text())
+        assert records and all(isinstance(record.plan, Plan) for record in records.values())
+        assert all(record.plan.offloaded_bytes >= 0 for record in records.values())
+        if '"rule"' in path.read_text():
+            assert json.loads(plan_file_text(records)) == json.loads(path.read_text()), path
 
 
 # ---------------------------------------------------------------- validation
@@ -280,14 +295,14 @@ def forward_peak(profile: dict) -> int:
 
 def simulate(profile: dict, plan: dict) -> tuple[int, list[int]]:
     """Replay the plan node by node: (peak incl. the step's end, per-node bytes in use incl. the node's peak)."""
-    offloaded = set(plan["offloaded"])
+    offloaded = set(plan.offloaded)
     task_bytes = {task["id"]: task["bytes"] for task in profile["tasks"]}
     in_use = sum(size for task_id, size in task_bytes.items() if task_id not in offloaded)
     per_node = []
     for graph_id, bwd, node in execution_order(profile):
         per_node.append(node["peak_bytes"] + in_use)
-        in_use += sum(task_bytes[reload["task"]] for reload in plan["reloads"]
-                      if bwd and (reload["graph_id"], reload["after_node"]) == (graph_id, node["name"]))
+        in_use += sum(task_bytes[reload.task] for reload in plan.reloads
+                      if bwd and (reload.graph_id, reload.after_node) == (graph_id, node["name"]))
     assert in_use == sum(task_bytes.values())  # every state is back for the optimizer step
     last_bwd_peak = [node for _, bwd, node in execution_order(profile) if bwd][-1]["peak_bytes"]
     return max(per_node + [last_bwd_peak + in_use]), per_node
@@ -298,18 +313,18 @@ def simulate(profile: dict, plan: dict) -> tuple[int, list[int]]:
 def test_plan_is_consistent_with_a_replay(profile, budget, reload):
     plan = make_plan(profile, budget, reload)
     task_ids = [task["id"] for task in profile["tasks"]]
-    assert plan["resident_bytes"] + plan["offloaded_bytes"] == plan["total_state_bytes"]
-    assert plan["total_state_bytes"] == sum(task["bytes"] for task in profile["tasks"])
-    assert plan["offloaded"] == task_ids[len(task_ids) - len(plan["offloaded"]):]  # a suffix, in task order
+    assert plan.resident_bytes + plan.offloaded_bytes == plan.total_state_bytes
+    assert plan.total_state_bytes == sum(task["bytes"] for task in profile["tasks"])
+    assert plan.offloaded == task_ids[len(task_ids) - len(plan.offloaded):]  # a suffix, in task order
     # Every offloaded task comes back exactly once, in task order, after a node of a backward graph.
-    assert [reload["task"] for reload in plan["reloads"]] == plan["offloaded"]
+    assert [reload.task for reload in plan.reloads] == plan.offloaded
     bwd_nodes = {(graph_id, node["name"]) for graph_id, bwd, node in execution_order(profile) if bwd}
-    assert all((reload["graph_id"], reload["after_node"]) in bwd_nodes for reload in plan["reloads"])
+    assert all((reload.graph_id, reload.after_node) in bwd_nodes for reload in plan.reloads)
     peak, _ = simulate(profile, plan)
-    assert plan["predicted_peak_bytes"] == peak
-    assert plan["feasible"] == (peak <= budget)
-    assert plan["floor_bytes"] == max(node["peak_bytes"] for _, _, node in execution_order(profile))
-    assert plan["forward_peak_bytes"] == forward_peak(profile)
+    assert plan.predicted_peak_bytes == peak
+    assert plan.feasible == (peak <= budget)
+    assert plan.floor_bytes == max(node["peak_bytes"] for _, _, node in execution_order(profile))
+    assert plan.forward_peak_bytes == forward_peak(profile)
 
 
 @PROPERTY_SETTINGS
@@ -318,7 +333,7 @@ def test_resident_set_is_the_longest_prefix_that_fits_beside_the_forward_peak(pr
     plan = make_plan(profile, budget)
     headroom = budget - forward_peak(profile)
     task_bytes = [task["bytes"] for task in profile["tasks"]]
-    n_resident = len(task_bytes) - len(plan["offloaded"])
+    n_resident = len(task_bytes) - len(plan.offloaded)
     assert n_resident == 0 or sum(task_bytes[:n_resident]) <= headroom
     assert n_resident == len(task_bytes) or sum(task_bytes[:n_resident + 1]) > headroom
 
@@ -329,10 +344,10 @@ def test_ample_budget_offloads_nothing_and_zero_budget_offloads_everything(profi
     floor = max(node["peak_bytes"] for _, _, node in execution_order(profile))
     total = sum(task["bytes"] for task in profile["tasks"])
     ample = make_plan(profile, floor + total, reload)
-    assert ample["offloaded"] == [] and ample["feasible"]
-    assert make_plan(profile, forward_peak(profile) + total, reload)["offloaded"] == []
+    assert ample.offloaded == [] and ample.feasible
+    assert make_plan(profile, forward_peak(profile) + total, reload).offloaded == []
     nothing = make_plan(profile, 0, reload)
-    assert nothing["offloaded"] == [task["id"] for task in profile["tasks"]] and nothing["resident_bytes"] == 0
+    assert nothing.offloaded == [task["id"] for task in profile["tasks"]] and nothing.resident_bytes == 0
 
 
 @PROPERTY_SETTINGS
@@ -341,20 +356,20 @@ def test_more_budget_never_offloads_more(profile, budget_a, budget_b, reload):
     # Feasibility is not monotone (test_more_budget_can_lose_feasibility); the offloaded set is.
     small, large = sorted([budget_a, budget_b])
     plan_small, plan_large = make_plan(profile, small, reload), make_plan(profile, large, reload)
-    assert set(plan_large["offloaded"]) <= set(plan_small["offloaded"])
+    assert set(plan_large.offloaded) <= set(plan_small.offloaded)
 
 
 @PROPERTY_SETTINGS
 @given(profiles(), budgets)
 def test_reload_policies_trade_peak_for_earliness_not_feasibility(profile, budget):
     asap, at_end = make_plan(profile, budget, "asap"), make_plan(profile, budget, "at_end")
-    assert asap["offloaded"] == at_end["offloaded"]
-    assert asap["feasible"] == at_end["feasible"]
-    assert at_end["predicted_peak_bytes"] <= asap["predicted_peak_bytes"]
-    assert asap["predicted_peak_bytes"] <= max(at_end["predicted_peak_bytes"], budget)
+    assert asap.offloaded == at_end.offloaded
+    assert asap.feasible == at_end.feasible
+    assert at_end.predicted_peak_bytes <= asap.predicted_peak_bytes
+    assert asap.predicted_peak_bytes <= max(at_end.predicted_peak_bytes, budget)
     last_bwd_peak = [node for _, bwd, node in execution_order(profile) if bwd][-1]["peak_bytes"]
-    assert at_end["feasible"] == (budget >= max(at_end["floor_bytes"] + at_end["resident_bytes"],
-                                                last_bwd_peak + at_end["total_state_bytes"]))
+    assert at_end.feasible == (budget >= max(at_end.floor_bytes + at_end.resident_bytes,
+                                                last_bwd_peak + at_end.total_state_bytes))
 
 
 @PROPERTY_SETTINGS
@@ -365,7 +380,7 @@ def test_asap_reloads_fit_and_none_could_come_one_node_earlier(profile, budget):
     positions = {(graph_id, node["name"]): index
                  for index, (graph_id, bwd, node) in enumerate(execution_order(profile)) if bwd}
     bwd_order = sorted(positions.values())
-    reload_positions = [positions[(reload["graph_id"], reload["after_node"])] for reload in plan["reloads"]]
+    reload_positions = [positions[(reload.graph_id, reload.after_node)] for reload in plan.reloads]
     # Nodes that run with reloaded states on the device stay within budget.
     if reload_positions:
         assert all(cost <= budget for cost in per_node[reload_positions[0] + 1:])
@@ -376,8 +391,10 @@ def test_asap_reloads_fit_and_none_could_come_one_node_earlier(profile, budget):
         if position == bwd_order[0] or (index and reload_positions[index - 1] == position):
             continue
         earlier = bwd_order[bwd_order.index(position) - 1]
-        moved = copy.deepcopy(plan)
-        moved["reloads"][index].update(graph_id=nodes[earlier][0], after_node=nodes[earlier][2]["name"])
+        reloads = list(plan.reloads)
+        reloads[index] = dataclasses.replace(reloads[index], graph_id=nodes[earlier][0],
+                                             after_node=nodes[earlier][2]["name"])
+        moved = dataclasses.replace(plan, reloads=reloads)
         assert simulate(profile, moved)[0] > budget
 
 
@@ -397,14 +414,14 @@ def test_cli_prints_the_plan(small_profile):
     result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-bytes", "80", "--reload", "at_end",
                      "--budget-rule", "deepspeed")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {**make_plan(small_profile, 80, "at_end"), **UNPREDICTED}
+    assert json.loads(result.stdout) == {**make_plan(small_profile, 80, "at_end").to_dict(), **UNPREDICTED}
 
 
 @pytest.mark.slow
 def test_cli_budget_gb_is_decimal(small_profile):
     result = run_cli("--profile", str(SMALL_PROFILE_PATH), "--budget-gb", "8e-8", "--budget-rule", "deepspeed")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {**make_plan(small_profile, 80), **UNPREDICTED}
+    assert json.loads(result.stdout) == {**make_plan(small_profile, 80).to_dict(), **UNPREDICTED}
 
 
 CAPACITY_PROFILES = sorted((REPO_ROOT / "results" / "capacity" / "sweep").glob("*/profile.json"))
@@ -440,7 +457,7 @@ def test_cli_plans_a_budget_by_the_rule_a_run_defaults_to(tmp_path):
     path.write_text(json.dumps(profile))
     result = run_cli("--profile", str(path), "--budget-bytes", "400")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == plan_offload(profile, 400, None, default)
+    assert Plan.from_json(result.stdout) == plan_offload(profile, 400, None, default)
 
 
 @pytest.mark.parametrize("args, key", [
@@ -478,34 +495,34 @@ def test_ordered_release_frees_blocks_just_before_the_cap_would_be_exceeded():
     plan = make_plan(profile, 0, "asap", release="ordered", cap_bytes=50)
     # f0: 10 + 30 held = 40, f1: 20 + 30 = 50 fit; f2 is the last forward node, so it must also leave room for
     # the backward floor 35: 35 + 30 > 50 -> release a, b before f2 (35 + 10 = 45); c stays held.
-    assert [(r["task"], r["before_node"]) for r in plan["releases"]] == [("a", "f2"), ("b", "f2")]
-    assert plan["held"] == ["c"] and plan["offloaded"] == ["a", "b", "c"]
+    assert [(r.task, r.before_node) for r in plan.releases] == [("a", "f2"), ("b", "f2")]
+    assert plan.held == ["c"] and plan.offloaded == ["a", "b", "c"]
     # reloads are placed under the cap too; the held c costs nothing
     assert reload_points(plan) == [("a", 0, "b0"), ("b", 0, "b0"), ("c", 0, "b0")]
-    assert (plan["peak_cap_bytes"], plan["predicted_peak_bytes"]) == (50, 50)
+    assert (plan.peak_cap_bytes, plan.predicted_peak_bytes) == (50, 50)
 
 
 def test_recorded_release_lists_no_releases_and_holds_nothing(small_profile):
     plan = make_plan(small_profile, 0)
-    assert plan["release_policy"] == "recorded" and plan["releases"] == [] and plan["held"] == []
-    assert plan["peak_cap_bytes"] == plan["budget_bytes"] == 0
+    assert plan.release_policy == "recorded" and plan.releases == [] and plan.held == []
+    assert plan.peak_cap_bytes == plan.budget_bytes == 0
 
 
 def test_a_cap_above_everything_releases_nothing(small_profile):
     plan = make_plan(small_profile, 0, release="ordered", cap_bytes=1000)
-    assert plan["releases"] == [] and plan["held"] == TASK_IDS
+    assert plan.releases == [] and plan.held == TASK_IDS
 
 
 def held_per_node(profile: dict, plan: dict) -> list[tuple[bool, int, int]]:
     """(is_bwd, node peak, bytes of held tasks) for every node, replaying the plan's releases."""
     task_bytes = {task["id"]: task["bytes"] for task in profile["tasks"]}
-    held = sum(task_bytes[task_id] for task_id in plan["offloaded"])
+    held = sum(task_bytes[task_id] for task_id in plan.offloaded)
     rows = []
     for graph_id, bwd, node in execution_order(profile):
-        held -= sum(task_bytes[r["task"]] for r in plan["releases"]
-                    if not bwd and (r["graph_id"], r["before_node"]) == (graph_id, node["name"]))
+        held -= sum(task_bytes[r.task] for r in plan.releases
+                    if not bwd and (r.graph_id, r.before_node) == (graph_id, node["name"]))
         rows.append((bwd, node["peak_bytes"], held))
-    assert held == sum(task_bytes[task_id] for task_id in plan["held"])
+    assert held == sum(task_bytes[task_id] for task_id in plan.held)
     return rows
 
 
@@ -514,13 +531,13 @@ def held_per_node(profile: dict, plan: dict) -> list[tuple[bool, int, int]]:
 def test_ordered_releases_keep_the_forward_under_the_cap_whenever_anything_is_left_to_release(
         profile, budget, cap, reload):
     plan = make_plan(profile, budget, reload, release="ordered", cap_bytes=cap)
-    released = [r["task"] for r in plan["releases"]]
+    released = [r.task for r in plan.releases]
     # released tasks are a prefix of the offloaded ones (launch order), the rest are held
-    assert released + plan["held"] == plan["offloaded"]
+    assert released + plan.held == plan.offloaded
     for bwd, peak, held in held_per_node(profile, plan):
         if not bwd and held:
-            assert peak + plan["resident_bytes"] + held <= cap
+            assert peak + plan.resident_bytes + held <= cap
     # the same budget offloads the same states whatever the release policy
-    assert plan["offloaded"] == make_plan(profile, budget, reload)["offloaded"]
-    assert plan["predicted_peak_bytes"] >= max(peak + plan["resident_bytes"] + held
+    assert plan.offloaded == make_plan(profile, budget, reload).offloaded
+    assert plan.predicted_peak_bytes >= max(peak + plan.resident_bytes + held
                                                for _, peak, held in held_per_node(profile, plan))

@@ -8,8 +8,8 @@ import copy
 import pytest
 from hypothesis import given
 
-from harness.errors import ConfigError
-from harness.offload.plan import make_plan, plan_for_device, plan_offload, plan_within_budget
+from harness.contract.errors import ConfigError
+from harness.offload.plan import Plan, make_plan, plan_for_device, plan_offload, plan_within_budget
 from harness.offload.profile import parse_profile
 from test_plan import PROPERTY_SETTINGS, budgets, profiles
 from test_plan_step_model import measured_profile
@@ -24,8 +24,8 @@ def holding(profile: dict, prefetch: int = 0, gathered: int = 0) -> dict:
     return held
 
 
-def placement(plan: dict) -> dict:
-    return {key: plan[key] for key in PLACEMENT}
+def placement(plan: Plan) -> dict:
+    return {key: getattr(plan, key) for key in PLACEMENT}
 
 
 @PROPERTY_SETTINGS
@@ -46,9 +46,9 @@ def test_deepspeeds_sizing_fits_the_budget_less_what_the_passes_hold(profile, bu
         composed = make_plan(holding(profile, prefetch, gathered), budget, reload, release)
         alone = make_plan(profile, budget - held, reload, release)
         assert placement(composed) == placement(alone)
-        assert composed["predicted_peak_bytes"] == alone["predicted_peak_bytes"] + held  # no measured start here
-        assert composed["budget_bytes"] == budget
-        assert composed["feasible"] == (alone["predicted_peak_bytes"] <= budget - held)
+        assert composed.predicted_peak_bytes == alone.predicted_peak_bytes + held  # no measured start here
+        assert composed.budget_bytes == budget
+        assert composed.feasible == (alone.predicted_peak_bytes <= budget - held)
 
 
 @PROPERTY_SETTINGS
@@ -58,7 +58,7 @@ def test_the_device_rule_and_the_step_model_fit_the_limit_less_what_the_passes_h
         return
     composed, alone = plan_for_device(holding(profile, gathered=gathered), limit), plan_for_device(profile, limit - gathered)
     assert placement(composed) == placement(alone)
-    assert composed["predicted_peak_bytes"] == alone["predicted_peak_bytes"] + gathered
+    assert composed.predicted_peak_bytes == alone.predicted_peak_bytes + gathered
     by_model = plan_within_budget(holding(profile, gathered=gathered), limit, limit + 10)
     assert placement(by_model) == placement(plan_within_budget(profile, limit - gathered, limit + 10 - gathered))
 
@@ -67,11 +67,11 @@ def test_holding_memory_offloads_more_at_one_budget():
     profile = measured_profile(measured_start=100)
     alone = plan_offload(profile, 460, None, "step_model")
     composed = plan_offload(holding(profile, prefetch=30, gathered=20), 460, None, "step_model")
-    assert alone["feasible"] and composed["feasible"]
-    assert composed["offloaded_bytes"] > alone["offloaded_bytes"]
-    assert composed["predicted_peak_bytes"] <= 460
-    assert (composed["prefetch_bytes"], composed["gathered_bytes"]) == (30, 20)
-    assert "prefetch_bytes" not in alone  # plans without composition keep their keys
+    assert alone.feasible and composed.feasible
+    assert composed.offloaded_bytes > alone.offloaded_bytes
+    assert composed.predicted_peak_bytes <= 460
+    assert (composed.prefetch_bytes, composed.gathered_bytes) == (30, 20)
+    assert "prefetch_bytes" not in alone.to_dict()  # plans without composition keep their keys
 
 
 def test_prefetched_parameters_count_in_forward_and_backward_gathered_ones_also_at_the_step_end():
@@ -86,10 +86,10 @@ def test_prefetched_parameters_count_in_forward_and_backward_gathered_ones_also_
     assert prefetched.step_end_baseline_bytes == parsed.step_end_baseline_bytes == 100
     assert gathered.step_end_baseline_bytes == 150
     keep_all = 10**6
-    assert make_plan(profile, keep_all)["predicted_peak_bytes"] == 600
-    assert make_plan(holding(profile, prefetch=50), keep_all)["predicted_peak_bytes"] == 600  # backward 550 < 600
-    assert make_plan(holding(profile, gathered=50), keep_all)["predicted_peak_bytes"] == 650
-    assert make_plan(holding(profile, prefetch=150), keep_all)["predicted_peak_bytes"] == 650  # backward 550 + 100
+    assert make_plan(profile, keep_all).predicted_peak_bytes == 600
+    assert make_plan(holding(profile, prefetch=50), keep_all).predicted_peak_bytes == 600  # backward 550 < 600
+    assert make_plan(holding(profile, gathered=50), keep_all).predicted_peak_bytes == 650
+    assert make_plan(holding(profile, prefetch=150), keep_all).predicted_peak_bytes == 650  # backward 550 + 100
 
 
 @pytest.mark.parametrize("key", ["prefetch_bytes", "gathered_bytes"])

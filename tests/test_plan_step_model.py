@@ -2,6 +2,7 @@
 (plan.plan_for_device, `harness plan --device-gb`) and a budget planned by it (plan.plan_within_budget)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.offload.plan import device_limit_bytes, make_plan, plan_for_device, plan_within_budget
+from harness.offload.plan import Plan, device_limit_bytes, make_plan, plan_for_device, plan_within_budget
 from harness.offload.profile import parse_profile
 from test_plan import profiles
 
@@ -67,7 +68,7 @@ def test_a_measured_steady_step_moves_forward_nodes_and_counts_backward_at_the_m
     as_read = parse_profile(profile, calibrated=False)  # a budget's plan is placed on the readings as profiled
     assert [node.peak_bytes for node in as_read.nodes] == [150, 300, 400, 380, 360]
     # the prediction follows: nothing offloaded at a budget above every node, and the end of step is lower here
-    assert make_plan(profile, 10_000)["predicted_peak_bytes"] == 345 + 100
+    assert make_plan(profile, 10_000).predicted_peak_bytes == 345 + 100
 
 
 def test_accumulations_receive_buffer_is_added_to_every_backward_node_only():
@@ -82,36 +83,36 @@ def test_with_accumulation_the_optimizer_step_holds_what_it_holds_without():
     # the gradients accumulate in ZeRO-3's partitions, which the measured start holds at any accumulation
     alone = measured_profile(measured_start=400, transient=40, freed=(0, 300, 300))
     accumulating = {**alone, "accumulation_recv_bytes": 10}
-    assert make_plan(accumulating, 10_000)["predicted_peak_bytes"] == make_plan(alone, 10_000)["predicted_peak_bytes"] \
+    assert make_plan(accumulating, 10_000).predicted_peak_bytes == make_plan(alone, 10_000).predicted_peak_bytes \
         == 400 + 100 + 40
 
 
 def test_device_rule_makes_room_for_accumulations_receive_buffer():
     alone = measured_profile(measured_start=100)
-    assert plan_for_device(alone, 460)["offloaded"] == ["0:exp_avg", "1:fp32"]  # backward 400 + the first state
+    assert plan_for_device(alone, 460).offloaded == ["0:exp_avg", "1:fp32"]  # backward 400 + the first state
     plan = plan_for_device({**alone, "accumulation_recv_bytes": 30}, 460)  # backward 430: no room for a state
-    assert plan["offloaded"] == ["0:fp32", "0:exp_avg", "1:fp32"] and plan["feasible"]
-    assert plan["predicted_peak_bytes"] <= 460
+    assert plan.offloaded == ["0:fp32", "0:exp_avg", "1:fp32"] and plan.feasible
+    assert plan.predicted_peak_bytes <= 460
 
 
 def test_optimizer_step_is_the_measured_start_plus_every_state_plus_its_transient():
     # budget above every node: nothing offloaded, so the step's end decides the peak
     plan = make_plan(measured_profile(measured_start=100, transient=40, freed=(0, 300, 300)), 10_000)
-    assert plan["offloaded"] == []
-    assert plan["predicted_peak_bytes"] == max(400 + 100, 100 + 100 + 40)
+    assert plan.offloaded == []
+    assert plan.predicted_peak_bytes == max(400 + 100, 100 + 100 + 40)
     plan = make_plan(measured_profile(measured_start=400, transient=40, freed=(0, 300, 300)), 10_000)
-    assert plan["predicted_peak_bytes"] == 400 + 100 + 40
+    assert plan.predicted_peak_bytes == 400 + 100 + 40
 
 
 def test_device_rule_keeps_what_fits_and_offloads_the_rest():
     profile = measured_profile(measured_start=100)
-    assert plan_for_device(profile, 10_000)["offloaded"] == []
+    assert plan_for_device(profile, 10_000).offloaded == []
     plan = plan_for_device(profile, 460)  # backward peak 400: room for the first 40-byte state only
-    assert plan["offloaded"] == ["0:exp_avg", "1:fp32"] and plan["feasible"] and plan["rule"] == "device_limit"
-    assert plan["predicted_peak_bytes"] <= 460
+    assert plan.offloaded == ["0:exp_avg", "1:fp32"] and plan.feasible and plan.rule == "device_limit"
+    assert plan.predicted_peak_bytes <= 460
     hopeless = plan_for_device(profile, 300)  # under the backward node alone: only no resident state reaches 400
-    assert hopeless["offloaded_bytes"] == hopeless["total_state_bytes"] and not hopeless["feasible"]
-    assert hopeless["predicted_peak_bytes"] == 400
+    assert hopeless.offloaded_bytes == hopeless.total_state_bytes and not hopeless.feasible
+    assert hopeless.predicted_peak_bytes == 400
 
 
 def test_device_rule_under_the_optimizer_steps_floor_offloads_only_what_lowers_the_peak():
@@ -119,20 +120,20 @@ def test_device_rule_under_the_optimizer_steps_floor_offloads_only_what_lowers_t
     # offloaded; backward (400) with the first two states resident reaches it, with all three it passes it
     profile = measured_profile(measured_start=100, transient=280)
     plan = plan_for_device(profile, 350)
-    assert not plan["feasible"] and plan["predicted_peak_bytes"] == 480
-    assert plan["offloaded"] == ["1:fp32"]
+    assert not plan.feasible and plan.predicted_peak_bytes == 480
+    assert plan.offloaded == ["1:fp32"]
 
 
 def test_device_rule_reloads_in_backward_only_beside_the_measured_peak():
     profile = measured_profile(measured_start=100)
     limit = 440  # room for the first state beside the backward peak (400 + 40), for no reload on top of it
     # as profiled, backward falls after b0, so the first reload fits after b1
-    assert [r["after_node"] for r in plan_for_device(profile, limit)["reloads"]] == ["b1", "b2"]
+    assert [r.after_node for r in plan_for_device(profile, limit).reloads] == ["b1", "b2"]
     measured = {**profile, "measured_fwd_bwd_peak_bytes": 380}
     plan = plan_for_device(measured, limit)
-    assert plan["offloaded"] == ["0:exp_avg", "1:fp32"]
-    assert [r["after_node"] for r in plan["reloads"]] == ["b2", "b2"]  # after backward: the peak may be anywhere
-    assert plan["predicted_peak_bytes"] == 380 + 40
+    assert plan.offloaded == ["0:exp_avg", "1:fp32"]
+    assert [r.after_node for r in plan.reloads] == ["b2", "b2"]  # after backward: the peak may be anywhere
+    assert plan.predicted_peak_bytes == 380 + 40
 
 
 def test_device_limit_subtracts_the_measured_overhead():
@@ -155,15 +156,15 @@ def test_device_rule_fits_whenever_any_plan_fits_and_offloads_the_least(profile,
     plan = plan_for_device(profile, limit, reload)
     # every plan a fixed budget can make, placed under the same cap; those predicted to fit the limit
     candidates = [make_plan(profile, budget, reload, cap_bytes=limit) for budget in range(0, 250)]
-    fitting = [candidate for candidate in candidates if candidate["predicted_peak_bytes"] <= limit]
+    fitting = [candidate for candidate in candidates if candidate.predicted_peak_bytes <= limit]
     if fitting:
-        assert plan["feasible"] and plan["predicted_peak_bytes"] <= limit
-        assert plan["offloaded_bytes"] <= min(candidate["offloaded_bytes"] for candidate in fitting)
+        assert plan.feasible and plan.predicted_peak_bytes <= limit
+        assert plan.offloaded_bytes <= min(candidate.offloaded_bytes for candidate in fitting)
     else:  # the lowest peak any plan reaches, with the least offload that reaches it
-        lowest = min(candidate["predicted_peak_bytes"] for candidate in candidates)
-        assert not plan["feasible"] and plan["predicted_peak_bytes"] == lowest
-        assert plan["offloaded_bytes"] <= min(candidate["offloaded_bytes"] for candidate in candidates
-                                              if candidate["predicted_peak_bytes"] == lowest)
+        lowest = min(candidate.predicted_peak_bytes for candidate in candidates)
+        assert not plan.feasible and plan.predicted_peak_bytes == lowest
+        assert plan.offloaded_bytes <= min(candidate.offloaded_bytes for candidate in candidates
+                                              if candidate.predicted_peak_bytes == lowest)
 
 
 @SETTINGS
@@ -173,19 +174,19 @@ def test_with_a_measured_peak_reloads_during_backward_are_counted_at_it(profile,
     graph_id, _ = profile["graph_order"][-1]
     last = next(graph for graph in profile["graphs"] if graph["bwd"] and graph["graph_id"] == graph_id)["nodes"][-1]
     sizes = {task["id"]: task["bytes"] for task in profile["tasks"]}
-    early = sum(sizes[reload["task"]] for reload in plan["reloads"]
-                if (reload["graph_id"], reload["after_node"]) != (graph_id, last["name"]))
-    assert plan["predicted_peak_bytes"] >= measured + plan["resident_bytes"] + early
-    if plan["feasible"]:
-        assert measured + plan["resident_bytes"] + early <= limit
+    early = sum(sizes[reload.task] for reload in plan.reloads
+                if (reload.graph_id, reload.after_node) != (graph_id, last["name"]))
+    assert plan.predicted_peak_bytes >= measured + plan.resident_bytes + early
+    if plan.feasible:
+        assert measured + plan.resident_bytes + early <= limit
 
 
 @SETTINGS
 @given(steady_profiles(), st.integers(0, 200), st.integers(0, 200), st.sampled_from(["asap", "at_end"]))
 def test_more_device_never_moves_more(profile, limit_a, limit_b, reload):
     small, large = sorted((limit_a, limit_b))
-    assert plan_for_device(profile, large, reload)["offloaded_bytes"] <= \
-        plan_for_device(profile, small, reload)["offloaded_bytes"]
+    assert plan_for_device(profile, large, reload).offloaded_bytes <= \
+        plan_for_device(profile, small, reload).offloaded_bytes
 
 
 @pytest.mark.slow
@@ -197,8 +198,8 @@ def test_cli_device_gb_plans_at_the_device_less_the_profiled_overhead(tmp_path):
     result = subprocess.run([sys.executable, "-m", "harness.cli", "plan", "--profile", str(path),
                              "--device-gb", str(500 / 1e9)], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
-    assert plan["budget_bytes"] == 460 and plan["offloaded"] == ["0:exp_avg", "1:fp32"]
+    plan = Plan.from_json(result.stdout)
+    assert plan.budget_bytes == 460 and plan.offloaded == ["0:exp_avg", "1:fp32"]
 
 
 def run_cli(tmp_path, profile: dict, *args: str) -> subprocess.CompletedProcess:
@@ -239,8 +240,8 @@ def test_a_budget_by_the_step_model_keeps_what_deepspeeds_sizing_offloads():
     # room for any state in 500; the step model sees backward peak at 400 and room for all 100 bytes of states
     profile = measured_profile(outside=200, measured_start=100)
     deepspeed, by_model = make_plan(profile, 500), plan_within_budget(profile, 500, 10_000)
-    assert deepspeed["offloaded_bytes"] == 100 and by_model["offloaded_bytes"] == 0
-    assert by_model["predicted_peak_bytes"] <= 500 and by_model["budget_bytes"] == 500
+    assert deepspeed.offloaded_bytes == 100 and by_model.offloaded_bytes == 0
+    assert by_model.predicted_peak_bytes <= 500 and by_model.budget_bytes == 500
 
 
 @SETTINGS
@@ -248,6 +249,7 @@ def test_a_budget_by_the_step_model_keeps_what_deepspeeds_sizing_offloads():
 def test_a_budget_by_the_step_model_is_the_device_rule_under_the_lesser_limit(profile, budget, limit, reload):
     plan = plan_within_budget(profile, budget, limit, reload)
     device_rule = plan_for_device(profile, min(budget, limit), reload)
-    assert {**plan, "rule": None} == {**device_rule, "rule": None} and plan["rule"] == "step_model"
-    if plan["feasible"]:
-        assert plan["predicted_peak_bytes"] <= min(budget, limit)
+    assert dataclasses.replace(plan, rule=None) == dataclasses.replace(device_rule, rule=None)
+    assert plan.rule == "step_model"
+    if plan.feasible:
+        assert plan.predicted_peak_bytes <= min(budget, limit)

@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from harness import arms, machine, protocol
-from harness.compose import compose_point
-from harness.metrics import phase_of, summarize_phases
-from harness.stats import median_interval, ratio_interval, runs_interval
+from harness import arms
+from harness.rank import machine
+from harness.contract import protocol
+from harness.driver.compose import compose_point
+from harness.contract.steps import phase_of, summarize_phases
+from harness.contract.stats import median_interval, ratio_interval, runs_interval
 
 ARMS = [["arm=zero3"], ["arm=zero_offload"], ["arm=deepcompile", "arm.schedule=default"],
         ["arm=deepcompile", "arm.schedule=z3_only"], ["arm=ds_offload"], ["arm=offload"]]

@@ -16,8 +16,8 @@ from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
 from analysis.report import main as report_main
 from conftest import REPO_ROOT, driver_env
-from harness import bench
-from harness.reader import PlanFacts, read_plan
+from analysis import bench
+from harness.contract.reader import PlanFacts, read_plan
 
 FIXTURE = REPO_ROOT / "analysis" / "fixtures" / "sweep"
 # A module that leaves a file behind when anything imports it; run dirs name its class as their arm.
@@ -60,8 +60,8 @@ def test_a_run_dir_naming_a_module_never_makes_bench_report_or_load_sweep_import
     assert warning.startswith(f"warning: {named}: unknown arm class '{PLANTED_MODULE}.Planted'")
     assert warning.endswith("read as an unknown arm")
 
-    # `python -m harness.bench .`, the usage bench's docstring gives, puts the sweep dir first on the path
-    proc = subprocess.run([sys.executable, "-m", "harness.bench", "."], cwd=sweep_dir, env=driver_env(),
+    # `python -m analysis.bench .`, the usage bench's docstring gives, puts the sweep dir first on the path
+    proc = subprocess.run([sys.executable, "-m", "analysis.bench", "."], cwd=sweep_dir, env=driver_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.startswith("warning:")] == \

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness import runfiles
-from harness.compose import compose_point
+from harness.contract import runfiles
+from harness.driver.compose import compose_point
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def test_the_config_the_driver_writes_reads_back_the_same_without_omegaconf(tmp_
 
 @pytest.mark.slow
 def test_the_worker_imports_no_hydra_and_no_omegaconf():
-    code = ("import sys, harness.worker; "
+    code = ("import sys, harness.rank.worker; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -114,7 +114,7 @@ def test_gb_is_defined_once():
     definitions = [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for path in project_modules()
                    for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assign)
                    and any(isinstance(target, ast.Name) and target.id == "GB" for target in node.targets)]
-    assert definitions == ["harness/units.py:3"]
+    assert definitions == ["harness/contract/units.py:3"]
 
 
 def test_a_requeued_point_sets_its_earlier_attempt_aside(tmp_path):

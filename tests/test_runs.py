@@ -15,9 +15,9 @@ from analysis.columns import is_design_column
 from analysis.load import load_sweep
 from analysis.tables import failed_statuses
 from conftest import BAD_VALUES, TINY_RUN, driver_env, harness_cmd, harness_run, read_run
-from harness.metrics import quartiles, time_stats
-from harness.runfiles import read_jsonl
-from harness.sinks import flat_summary, mirror_to_wandb
+from harness.contract.steps import quartiles, time_stats
+from harness.contract.runfiles import read_jsonl
+from harness.driver.sinks import flat_summary, mirror_to_wandb
 
 
 def file_modes(run_dir: Path) -> dict[str, int]:

@@ -10,15 +10,17 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from harness import arms, bench, schema
-from harness.checks import Choice, Number
-from harness.compose import compose_point
-from harness.errors import ConfigError
+from harness import arms
+from analysis import bench
+from harness.contract import schema
+from harness.contract.checks import Choice, Number
+from harness.driver.compose import compose_point
+from harness.contract.errors import ConfigError
 from harness.offload import plan, runtime
-from harness.schema.fields import SOMETIMES, check_fields, rules
+from harness.contract.schema.fields import SOMETIMES, check_fields, rules
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFINITION_HOMES = (REPO_ROOT / "harness" / "schema", REPO_ROOT / "harness" / "arms")
+DEFINITION_HOMES = (REPO_ROOT / "harness" / "contract" / "schema", REPO_ROOT / "harness" / "arms")
 
 
 def allowed_value_lists() -> dict[str, frozenset]:
@@ -91,7 +93,7 @@ def test_each_allowed_value_list_is_written_once():
             definitions += defined
         if copied:
             copies[str(path.relative_to(REPO_ROOT))] = copied
-    assert copies == {}, "read allowed values from harness.schema.choices"
+    assert copies == {}, "read allowed values from harness.contract.schema.choices"
     assert sorted(definitions) == sorted(lists)  # each one Literal, in the schema or its arm
 
 
@@ -182,3 +184,21 @@ def test_a_new_knob_is_one_field_line():
     with pytest.raises(ConfigError) as refused:
         check_fields("debug", DebugWithDelay, {**debug, "copy_delay_us": -5})
     assert refused.value.key == "debug.copy_delay_us"
+
+
+def test_every_offload_key_is_an_analysis_column_named_by_the_schema():
+    """A config key's column comes from the schema, so a new offload knob cannot be missing from the report."""
+    from analysis.columns import CONFIG_COLUMNS
+    from harness.contract.schema.fields import rules
+
+    assert {f"offload.{key}" for key in rules(schema.OffloadConfig)} <= set(CONFIG_COLUMNS)
+    assert CONFIG_COLUMNS["offload.evict_from"] == "evict_from" and CONFIG_COLUMNS["offload.mode"] == "offload_mode"
+
+
+def test_the_log_level_is_a_choice_with_info_by_default():
+    defaults = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf/launcher/local.yaml").read_text())
+    assert defaults["log_level"] == "INFO"
+    assert schema.choices(schema.LauncherConfig, "log_level") == ("DEBUG", "INFO", "WARNING", "ERROR")
+    with pytest.raises(ConfigError) as error:
+        check_fields("launcher", schema.LauncherConfig, {**defaults, "log_level": "LOUD"})
+    assert error.value.key == "launcher.log_level"

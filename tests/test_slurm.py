@@ -13,7 +13,7 @@ import pytest
 
 import conftest
 from conftest import driver_env
-from harness.runfiles import read_jsonl
+from harness.contract.runfiles import read_jsonl
 from slurm_cluster import Cluster, ClusterUnavailable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -4,10 +4,10 @@ from omegaconf import OmegaConf
 
 from conftest import schema_keys
 from harness import arms
-from harness.checks import Choice, Number
-from harness.compose import compose_point, resolve
-from harness.errors import ConfigError
-from harness.validate import validate
+from harness.contract.checks import Choice, Number
+from harness.driver.compose import compose_point, resolve
+from harness.contract.errors import ConfigError
+from harness.driver.validate import validate
 
 
 def config(*overrides: str) -> dict:
@@ -130,7 +130,7 @@ def test_a_number_is_compared_with_its_type():
 
 def test_a_refused_config_still_gets_its_summary():
     # a sweep records every refused point; its summary must not trip over the values it refused
-    from harness.run import build_summary
+    from harness.driver.app import build_summary
 
     cfg = config("env.device_memory_gb=lots", "launcher.nnodes=two")
     summary = build_summary(cfg, "config_error", str(refusal("launcher.nnodes=two")), [], 0.0, {})
@@ -200,7 +200,7 @@ def test_every_number_key_refuses_a_value_that_would_overflow(key):
     with pytest.raises(ConfigError) as err:
         validate(cfg, gpu_count=0)
     assert err.value.key == key
-    from harness.run import build_summary
+    from harness.driver.app import build_summary
 
     summary = build_summary(cfg, "config_error", str(err.value), [], 0.0, {})  # the refused point is recorded
     assert summary["status"] == "config_error" and summary["device_memory_bytes"] is None

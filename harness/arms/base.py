@@ -2,7 +2,7 @@
 its traits; one module per arm beside this one subclasses them.
 
 An arm's knobs are the dataclass fields (the keys of conf/arm/NAME.yaml), typed as the config schema reads them
-(harness/schema/fields.py); its traits are class attributes, read by the driver (what it needs), the dry-run
+(harness/contract/schema/fields.py); its traits are class attributes, read by the driver (what it needs), the dry-run
 memory estimate, `harness bench` and analysis (how it is shown).
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional
 
-from harness import schema
-from harness.errors import ConfigError
+from harness.contract import schema
+from harness.contract.errors import ConfigError
 
 OTHER_ORDER = 1000  # arms without a place in a fixed order come after those with one
 
@@ -90,7 +90,7 @@ class Arm:
 
     def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
         """The steps where the arm's phases begin, known before launch: the measurement protocol counts the steps
-        a point runs from the last of them (harness/protocol.py)."""
+        a point runs from the last of them (harness/contract/protocol.py)."""
         return [0]
 
     def compile(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list[int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Mapping
 
 from harness.arms.base import BenchRole, Display, OffloadPassArm, gather_release
-from harness.units import GB
+from harness.contract.units import GB
 
 
 @dataclass(frozen=True)

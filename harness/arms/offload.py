@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Mapping
 
-from harness import schema
+from harness.contract import schema
 from harness.arms.base import BenchRole, Display, OffloadPassArm
 
 

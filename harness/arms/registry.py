@@ -10,18 +10,20 @@ unknown arm, so reading a results folder (bench, the report, analysis) never run
 """
 from __future__ import annotations
 
+import logging
 import importlib
 import importlib.metadata
 import os
-import sys
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 import yaml
 
 from harness.arms.base import Arm
-from harness.envinfo import REPO_ROOT
-from harness.errors import ConfigError
+from harness.contract.envinfo import REPO_ROOT
+from harness.contract.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 TARGET = "_target_"
 ARM_CONF_DIR = REPO_ROOT / "conf" / "arm"
@@ -69,8 +71,7 @@ def registered() -> dict[str, type[Arm]]:
             try:
                 classes[entry.name] = _arm_class(entry.load(), entry.value)
             except Exception as error:  # a broken plug-in costs its arm, never the reader
-                print(f"warning: entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP}): {error}",
-                      file=sys.stderr)
+                logger.warning(f"warning: entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP}): {error}")
     return classes
 
 

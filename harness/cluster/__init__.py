@@ -6,5 +6,5 @@
   SLURM says the job ended, recording a point whose job left no result;
 - preview.py: what SLURM would run (`python -m harness.cluster`): the sbatch script and every node's command.
 
-The dry run's memory estimate (`estimate_only=true`) is harness/estimate.py.
+The dry run's memory estimate (`estimate_only=true`) is harness/driver/estimate.py.
 """

@@ -23,7 +23,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-from harness import runfiles
+from harness.contract import runfiles
 from harness.cluster import stops
 from harness.cluster.nodes import NodePlace
 
@@ -92,7 +92,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
     def record(self, overrides: list[str], job_num: int, status: str, reason: str) -> None:
         """Record a point whose job left no result, in its run dir (made here if the job never ran), unless its
         driver recorded this attempt already."""
-        from harness.run import record_failure
+        from harness.driver.app import record_failure
 
         sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         with open_dict(sweep_config.hydra.job):

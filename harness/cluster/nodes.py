@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness import launch
-from harness.errors import ConfigError
+from harness.driver import launch
+from harness.contract.errors import ConfigError
 
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 29500, 2000  # below Linux's ephemeral range, so no client socket holds it
 

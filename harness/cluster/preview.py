@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness import runfiles
+from harness.contract import runfiles
 from harness.cluster.launcher import requeue_parameter
 from harness.cluster.nodes import expand_nodelist, node_command, this_node
-from harness.compose import compose_point, sweep_points
-from harness.errors import ConfigError
+from harness.driver.compose import compose_point, sweep_points
+from harness.contract.errors import ConfigError
 
 
 def sbatch_script(launcher_params: Mapping[str, Any], n_points: int, python: str, requeue: bool) -> str:

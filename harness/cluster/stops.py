@@ -5,21 +5,24 @@ point's other nodes at once.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from harness import launch, runfiles
+from harness.driver import launch
+from harness.contract import runfiles
 from harness.cluster.nodes import NodePlace
-from harness.launch import LaunchResult
+from harness.driver.launch import LaunchResult
+
+logger = logging.getLogger(__name__)
 
 # SLURM enforces the time limit at or after the job's end time (its check runs every 30 s or so); a SIGTERM this
 # close before it is still the limit's (the controller's clock and this node's may differ a little).
@@ -121,7 +124,7 @@ def requeue_job(place: NodePlace) -> bool:
     if place.requeue_id is None or not shutil.which("scontrol"):
         return False
     out = subprocess.run(["scontrol", "requeue", place.requeue_id], capture_output=True, text=True, timeout=60)
-    print(f"scontrol requeue {place.requeue_id}: " + (out.stderr.strip() or "ok"), file=sys.stderr)
+    logger.warning(f"scontrol requeue {place.requeue_id}: " + (out.stderr.strip() or "ok"))
     return out.returncode == 0
 
 

@@ -8,9 +8,12 @@ plan_facts()                                        what the last plan moves, pr
 """
 from __future__ import annotations
 
-from harness import schema
-from harness.errors import ConfigError
-from harness.units import GB
+import logging
+from harness.contract import schema
+from harness.contract.errors import ConfigError
+from harness.contract.units import GB
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "plan_facts", "PLANNING_STEP"]
 
@@ -99,12 +102,12 @@ def plan_facts() -> dict:
     plan = _installed.last_plan if _installed is not None else None
     if plan is None:
         return {}
-    return {"planned_offload_bytes": int(plan["offloaded_bytes"]),
-            "predicted_peak_bytes": int(plan["predicted_peak_bytes"]), "budget_bytes": int(plan["budget_bytes"])}
+    return {"planned_offload_bytes": plan.offloaded_bytes, "predicted_peak_bytes": plan.predicted_peak_bytes,
+            "budget_bytes": plan.budget_bytes}
 
 
 def observe_step(record: dict) -> None:
-    """A finished step's record (metrics: its segment peaks), for the pass's step model."""
+    """A finished step's record (its segment peaks), for the pass's step model."""
     if _installed is not None:
         _installed.observe_step(record)
 
@@ -163,8 +166,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
     runtime.gated = True
     if offload_cfg["evict_from"] == "start":
         moved = runtime.evict_from_start(lambda: discover_tasks(optimizer))
-        print(f"offload: {len(runtime.slots)} optimizer states ({moved / GB:.2f} GB) moved to the host before "
-              "step 0 (offload.evict_from=start)", flush=True)
+        logger.info(f"offload: {len(runtime.slots)} optimizer states ({moved / GB:.2f} GB) moved to the host "
+                    "before step 0 (offload.evict_from=start)")
     compile_schedule = schedule.build_schedule(offload_cfg["compose"])
     offload_pass = OffloadPass(
         runtime, optimizer, None if uses_device_rule(offload_cfg) else budget_bytes, offload_cfg["reload"],

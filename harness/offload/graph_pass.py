@@ -39,15 +39,15 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Graph, GraphModule
 
-from harness import runfiles
+from harness.contract import runfiles
 from harness.offload import ops
 from harness.offload.graph_edit import (insert_end_backward, insert_head_ops, insert_release_sites, insert_reloads,
                                         profiled_node_names, release_site_names, strip_offload_ops)
-from harness.offload.profiling import ProfileBuilder, graph_nodes_profile, memory_records, readings_before
-from harness.offload.plan import device_limit_bytes, plan_offload, plan_to_json
+from harness.offload.profile_builder import ProfileBuilder, graph_nodes_profile, memory_records, readings_before
+from harness.offload.plan import Plan, PlanRecord, device_limit_bytes, plan_file_text, plan_offload
 from harness.offload.runtime import OffloadRuntime
 from harness.offload.states import discover_tasks
-from harness.units import GB
+from harness.contract.units import GB
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +60,13 @@ class PlanFiles:
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
-        self._plans: dict[int, dict] = {}
+        self._plans: dict[int, PlanRecord] = {}
 
-    def write(self, phase: int, profile: dict, plan: dict) -> None:
+    def write(self, profile: dict, record: PlanRecord) -> None:
         os.makedirs(self.run_dir, exist_ok=True)
-        self._plans[phase] = plan
+        self._plans[record.phase] = record
         runfiles.write_json(os.path.join(self.run_dir, runfiles.PROFILE), profile)
-        body = plan if len(self._plans) == 1 else {str(key): value for key, value in sorted(self._plans.items())}
-        runfiles.write_atomic(os.path.join(self.run_dir, runfiles.PLAN), plan_to_json(body) + "\n")
+        runfiles.write_atomic(os.path.join(self.run_dir, runfiles.PLAN), plan_file_text(self._plans))
 
 
 # ---------------------------------------------------------------- the passes
@@ -104,7 +103,7 @@ class OffloadPass:
         self._builder: ProfileBuilder | None = None
         self._placements: dict[int, list[dict]] = {}  # backward graph -> where its reload ops went
         self._release_sites: dict[int, list[str]] = {}  # forward graph (profile index) -> node names with a site
-        self.last_plan: dict | None = None   # the last final plan (made at the last backward graph)
+        self.last_plan: Plan | None = None   # the last final plan (made at the last backward graph)
         self._overhead_bytes: int | None = None  # reserved less allocated after the planning step's eviction
         self.reduce_buckets = reduce_buckets  # (all, the largest one), bytes
         self.accumulation_recv_bytes = accumulation_recv_bytes  # backward's extra with gradient accumulation
@@ -264,45 +263,45 @@ class OffloadPass:
             facts["step_transient_bytes"] = max(0, step["opt_step_peak_allocated_bytes"] - baseline_bytes - held)
         return facts
 
-    def _reloads_here(self, plan: dict, graph_id: int, is_last: bool) -> list[tuple[str, str | None]]:
+    def _reloads_here(self, plan: Plan, graph_id: int, is_last: bool) -> list[tuple[str, str | None]]:
         """(task, after-node) reloads for this graph. Before the last backward graph, a reload the plan puts
         after this graph's last node only means "not yet" (the planner has not seen the later graphs)."""
         index, last_node = self._builder.index(graph_id), self._builder.last_node(graph_id, bwd=True)
         elsewhere = {placement["task"] for placements in self._placements.values() for placement in placements}
-        chosen = [(reload["task"], reload["after_node"]) for reload in plan["reloads"]
-                  if reload["graph_id"] == index and reload["task"] not in elsewhere
-                  and (is_last or reload["after_node"] != last_node)]
+        chosen = [(reload.task, reload.after_node) for reload in plan.reloads
+                  if reload.graph_id == index and reload.task not in elsewhere
+                  and (is_last or reload.after_node != last_node)]
         if is_last:
             placed = elsewhere | {task for task, _ in chosen}
-            chosen += [(task, None) for task in plan["offloaded"] if task not in placed]
+            chosen += [(task, None) for task in plan.offloaded if task not in placed]
         return chosen
 
-    def _sites_of_releases(self, plan: dict) -> dict[str, tuple[str, ...]]:
+    def _sites_of_releases(self, plan: Plan) -> dict[str, tuple[str, ...]]:
         """Release op site -> the states it frees: for each planned release, the last site at or before the node
         the planner named, in that forward graph."""
         chosen: dict[str, list[str]] = {}
-        for release in plan["releases"]:
-            graph = release["graph_id"]
+        for release in plan.releases:
+            graph = release.graph_id
             position = {node["name"]: index for index, node in enumerate(self._builder.nodes(graph, bwd=False))}
-            limit = position[release["before_node"]]
+            limit = position[release.before_node]
             earlier = [name for name in self._release_sites.get(graph, []) if position[name] <= limit]
             if not earlier:  # a forward graph compiled without sites: the state stays held until its reload
                 continue
-            chosen.setdefault(f"{graph}:{max(earlier, key=position.get)}", []).append(release["task"])
+            chosen.setdefault(f"{graph}:{max(earlier, key=position.get)}", []).append(release.task)
         return {site: tuple(tasks) for site, tasks in chosen.items()}
 
-    def _finish(self, plan: dict) -> None:
+    def _finish(self, plan: Plan) -> None:
         release_sites = self._sites_of_releases(plan)
-        self.runtime.finalize_plan(plan["offloaded"], release_sites)
+        self.runtime.finalize_plan(plan.offloaded, release_sites)
         self.last_plan = plan
         phase = self.current_phase()
         placements = [placement for graph in self._placements.values() for placement in graph]
-        record = {**plan, "phase": phase, "profile_complete": self._builder.complete, "placements": placements,
-                  "release_sites": {site: list(tasks) for site, tasks in release_sites.items()}}
+        record = PlanRecord(plan, phase, self._builder.complete, placements,
+                            {site: list(tasks) for site, tasks in release_sites.items()})
         if self.writes_files():
-            self.files.write(phase, self._builder.to_dict(), record)
+            self.files.write(self._builder.to_dict(), record)
             # one line in the worker log: the fact a reader of a run needs first
-            print(f"offload: phase {phase} plan: {len(plan['offloaded'])} of {len(self.runtime.slots)} states "
-                  f"offloaded ({plan['offloaded_bytes'] / GB:.2f} of {plan['total_state_bytes'] / GB:.2f} GB), "
-                  f"{len(placements)} reload ops, predicted peak {plan['predicted_peak_bytes'] / GB:.2f} GB, "
-                  f"budget {plan['budget_bytes'] / GB:.2f} GB, feasible={plan['feasible']}", flush=True)
+            logger.info(f"offload: phase {phase} plan: {len(plan.offloaded)} of {len(self.runtime.slots)} states "
+                        f"offloaded ({plan.offloaded_bytes / GB:.2f} of {plan.total_state_bytes / GB:.2f} GB), "
+                        f"{len(placements)} reload ops, predicted peak {plan.predicted_peak_bytes / GB:.2f} GB, "
+                        f"budget {plan.budget_bytes / GB:.2f} GB, feasible={plan.feasible}")

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Protocol
 import torch
 
 from harness.offload.stalls import D2H_BUSY, H2D_BUSY, StallRecorder
-from harness.offload.states import StateTask
+from harness.offload.states import Task
 
 
 class Device(Protocol):
@@ -98,9 +98,9 @@ class CudaDevice:
 
 
 @dataclass(eq=False)
-class StateSlot:
+class TaskSlot:
     """One task's runtime state: its host buffer (allocated once) and the events of its last copies."""
-    task: StateTask
+    task: Task
     host: torch.Tensor | None = None
     offload_event: Any = None          # recorded after the last D2H copy
     reload_event: Any = None           # recorded after the last H2D copy
@@ -127,7 +127,7 @@ class StateMover:
                 self.device.sleep_us(self.copy_delay_us)
             target.copy_(source, non_blocking=True)
 
-    def offload(self, slots: Iterable[StateSlot], hold: bool | None = None) -> list[StateSlot]:
+    def offload(self, slots: Iterable[TaskSlot], hold: bool | None = None) -> list[TaskSlot]:
         """Start the D2H copies of the slots still on the device; returns those it started. With hold, the device
         blocks stay with the slots until release()."""
         hold = self.hold if hold is None else hold
@@ -153,7 +153,7 @@ class StateMover:
             slot.offload_event.record(self.d2h)
         return slots
 
-    def release(self, slot: StateSlot) -> bool:
+    def release(self, slot: TaskSlot) -> bool:
         """Hold mode: give the slot's device block back in stream order (the compute stream waits for the copy
         that reads it). True if it held one."""
         if slot.held is None:
@@ -162,7 +162,7 @@ class StateMover:
         slot.held = None
         return True
 
-    def reload(self, slot: StateSlot) -> bool:
+    def reload(self, slot: TaskSlot) -> bool:
         """Start the H2D copy of one slot if it is on the host; True if it started one. A slot still holding its
         device block (never released) is pointed back at it instead: the block still has the values."""
         if not slot.on_host:
@@ -185,7 +185,7 @@ class StateMover:
         slot.task.tensor.data = buffer
         return True
 
-    def wait_reloaded(self, slots: Iterable[StateSlot]) -> None:
+    def wait_reloaded(self, slots: Iterable[TaskSlot]) -> None:
         """Make the compute stream wait (a stream wait, not a host wait) for the slots' pending reloads."""
         pending = [slot for slot in slots if slot.reload_unwaited]
         if not pending:
@@ -201,7 +201,7 @@ class StateMover:
             if self.h2d is not self.d2h:
                 self.h2d.synchronize()
 
-    def evict_all(self, slots: Iterable[StateSlot]) -> int:
+    def evict_all(self, slots: Iterable[TaskSlot]) -> int:
         """Compile time: copy every slot out and wait, so profiling sees the emptied device. Returns bytes moved."""
         slots = list(slots)
         for slot in slots:  # blocks still held from the last step go too

@@ -1,8 +1,9 @@
 """Pure offload planner: memory profile + optimizer-state tasks + budget -> which states to offload, where to reload.
 
 No torch, no CUDA: the DeepCompile pass builds the profile from DeepSpeed's profiling results and calls
-`make_plan(profile, budget_bytes, reload)`; the same function runs offline as
-`python -m harness.offload.plan --profile profile.json --budget-gb X [--reload asap|at_end]`.
+`plan_offload(profile, budget_bytes, limit_bytes, ...)`; the same function runs offline as
+`python -m harness.offload.plan --profile profile.json --budget-gb X [--reload asap|at_end]`. A plan is a frozen
+`Plan`, written and read as JSON here alone (`Plan.to_json`, `Plan.from_json`; plan.json through `PlanRecord`).
 
 Model
 -----
@@ -90,22 +91,131 @@ backward graph.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from collections import deque
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import Any, Mapping, NoReturn
 
-from harness.errors import ConfigError
+from harness.contract.errors import ConfigError
 from harness.offload.profile import (Profile, Task, byte_count, calibrate, expect, load_profile, missing_readings,
                                      parse_profile)
-from harness.schema import OffloadConfig, choices
-from harness.units import GB
+from harness.contract.schema import OffloadConfig, choices
+from harness.contract.units import GB
 
 RELOAD_POLICIES = choices(OffloadConfig, "reload")
 RELEASE_POLICIES = choices(OffloadConfig, "release")
 BUDGET_RULES = choices(OffloadConfig, "budget_rule")
 DEFAULT_BUDGET_RULE = "step_model"  # conf/offload/default.yaml's; the CLI plans a budget as a run would
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Release:
+    """Free an offloaded state's device block right before a forward node (release=ordered)."""
+    task: str
+    graph_id: int
+    bwd: bool
+    before_node: str
+
+
+@dataclass(frozen=True)
+class Reload:
+    """Bring an offloaded state back after a backward node."""
+    task: str
+    graph_id: int
+    bwd: bool
+    after_node: str
+
+
+COMPOSED = ("prefetch_bytes", "gathered_bytes")  # a plan's keys only where offload.compose ran passes beside it
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One rank's plan (see the module docstring): which states go out, where their blocks are freed and where they
+    come back, and the peak it predicts. Its JSON keys are its field names; `rule` and `outside_bytes` are null in
+    plan.json files written before they existed."""
+    peak_cap_bytes: int
+    reload_policy: str
+    release_policy: str
+    releases: list[Release]
+    held: list[str]
+    offloaded: list[str]
+    offloaded_bytes: int
+    resident_bytes: int
+    total_state_bytes: int
+    reloads: list[Reload]
+    forward_peak_bytes: int
+    floor_bytes: int
+    predicted_peak_bytes: int | None  # None: a profile without the step model's readings (the CLI)
+    feasible: bool | None
+    outside_bytes: int | None = None  # what the profiler counted outside the allocator (profile.py)
+    budget_bytes: int | None = None  # the budget or device limit it was made for (the caller's)
+    rule: str | None = None  # "budget", "device_limit" or "step_model"
+    prefetch_bytes: int | None = None  # what DeepCompile's prefetch held beside it (offload.compose; else None)
+    gathered_bytes: int | None = None  # what its selective gather kept gathered (offload.compose; else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its keys; plans without composition keep the keys they had before it."""
+        data = dataclasses.asdict(self)
+        return {key: value for key, value in data.items() if key not in COMPOSED or value is not None}
+
+    def to_json(self) -> str:
+        """Stable text for plan.json and the CLI: sorted keys, fixed indent."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        """A plan as to_dict wrote it (keys it does not know, such as plan.json's run facts, are not its)."""
+        known = {field.name for field in dataclasses.fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        return cls(**{**values, "releases": [Release(**release) for release in data["releases"]],
+                      "reloads": [Reload(**reload) for reload in data["reloads"]]})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """The plan a phase ran, as plan.json holds it: the plan's keys beside the phase, whether the profile saw every
+    graph, where the reloads were placed and which release site frees which states."""
+    plan: Plan
+    phase: int
+    profile_complete: bool
+    placements: list[dict]
+    release_sites: dict[str, list[str]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "phase": self.phase, "profile_complete": self.profile_complete,
+                "placements": self.placements, "release_sites": self.release_sites}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PlanRecord":
+        return cls(Plan.from_dict(data), data["phase"], data["profile_complete"], data["placements"],
+                   data["release_sites"])
+
+
+def plan_file_text(records: Mapping[int, PlanRecord]) -> str:
+    """plan.json: the one phase's record, or, once a run has planned in more than one phase, an object keyed by
+    phase number."""
+    body = ({str(phase): record.to_dict() for phase, record in sorted(records.items())} if len(records) > 1
+            else next(iter(records.values())).to_dict())
+    return json.dumps(body, sort_keys=True, indent=2) + "\n"
+
+
+def read_plan_file(text: str) -> dict[int, PlanRecord]:
+    """plan.json by phase, either layout."""
+    data = json.loads(text)
+    if "phase" in data:
+        return {data["phase"]: PlanRecord.from_dict(data)}
+    return {int(phase): PlanRecord.from_dict(record) for phase, record in data.items()}
 
 
 # ---------------------------------------------------------------- planning
@@ -197,7 +307,7 @@ def predict_peak(profile: Profile, resident_bytes: int, offloaded: tuple[Task, .
 
 
 def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: str = "recorded",
-              cap_bytes: int | None = None) -> dict:
+              cap_bytes: int | None = None) -> Plan:
     """The plan for one rank: which tasks to offload, where in forward to release their device blocks (ordered
     release only) and where in backward to reload them. `cap_bytes` defaults to the budget."""
     # Placed on the profile as read, as DeepSpeed's pass places (both offload comparable bytes at one budget);
@@ -208,11 +318,11 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: s
     _check_policies(reload, release)
     n_resident = count_resident(parsed.tasks, budget_bytes, parsed.forward_peak_bytes)
     plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release, predict_on=parse_profile(profile))
-    return {**plan, "budget_bytes": budget_bytes, "feasible": plan["predicted_peak_bytes"] <= budget_bytes,
-            "rule": "budget"}
+    return dataclasses.replace(plan, budget_bytes=budget_bytes, feasible=plan.predicted_peak_bytes <= budget_bytes,
+                               rule="budget")
 
 
-def plan_for_device(profile: dict, limit_bytes: int, reload: str = "asap", release: str = "recorded") -> dict:
+def plan_for_device(profile: dict, limit_bytes: int, reload: str = "asap", release: str = "recorded") -> Plan:
     """The auto rule at a device limit: the plan that offloads the least (keeps the longest prefix of the task list
     resident) whose predicted peak fits `limit_bytes` (the device size less the allocator's overhead). When no plan
     fits, it is reported infeasible and offloads the least that reaches the lowest peak any plan reaches: past that,
@@ -224,26 +334,27 @@ def plan_for_device(profile: dict, limit_bytes: int, reload: str = "asap", relea
     over = []  # the plans that do not fit, least offload first
     for n_resident in range(len(parsed.tasks), -1, -1):
         plan = _plan_keeping(parsed, n_resident, limit_bytes, reload, release)
-        if plan["predicted_peak_bytes"] <= limit_bytes:
+        if plan.predicted_peak_bytes <= limit_bytes:
             break
         over.append(plan)
     else:
-        lowest = min(candidate["predicted_peak_bytes"] for candidate in over)
-        plan = next(candidate for candidate in over if candidate["predicted_peak_bytes"] == lowest)
-    return {**plan, "budget_bytes": limit_bytes, "feasible": plan["predicted_peak_bytes"] <= limit_bytes,
-            "rule": "device_limit"}
+        lowest = min(candidate.predicted_peak_bytes for candidate in over)
+        plan = next(candidate for candidate in over if candidate.predicted_peak_bytes == lowest)
+    return dataclasses.replace(plan, budget_bytes=limit_bytes, feasible=plan.predicted_peak_bytes <= limit_bytes,
+                               rule="device_limit")
 
 
 def plan_within_budget(profile: dict, budget_bytes: int, limit_bytes: int, reload: str = "asap",
-                       release: str = "recorded") -> dict:
+                       release: str = "recorded") -> Plan:
     """`budget_rule=step_model`: the device rule under the lesser of the budget and the device limit; the plan's
     budget_bytes is that lesser one, the peak it was made to fit."""
     byte_count(budget_bytes, "offload.budget_bytes")
-    return {**plan_for_device(profile, min(budget_bytes, limit_bytes), reload, release), "rule": "step_model"}
+    return dataclasses.replace(plan_for_device(profile, min(budget_bytes, limit_bytes), reload, release),
+                               rule="step_model")
 
 
 def plan_offload(profile: dict, budget_bytes: int | None, limit_bytes: int | None, budget_rule: str = "deepspeed",
-                 reload: str = "asap", release: str = "recorded", cap_bytes: int | None = None) -> dict:
+                 reload: str = "asap", release: str = "recorded", cap_bytes: int | None = None) -> Plan:
     """The plan our pass makes, online and offline: no budget, the device rule at `limit_bytes` (the device less the
     allocator overhead); a budget, DeepSpeed's sizing (make_plan, under `cap_bytes`) or, under
     `budget_rule=step_model`, the device rule under the lesser of the budget and the limit (None: the budget)."""
@@ -271,7 +382,7 @@ def _check_policies(reload: str, release: str) -> None:
 
 
 def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str, release: str,
-                  predict_on: Profile | None = None) -> dict:
+                  predict_on: Profile | None = None) -> Plan:
     """The plan that keeps the first `n_resident` tasks resident (the budget keys are the caller's); its peak is
     predicted on `predict_on` (the same graphs, calibrated), default the profile it was placed on."""
     resident, offloaded = parsed.tasks[:n_resident], parsed.tasks[n_resident:]
@@ -289,33 +400,26 @@ def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str,
     else:
         reloads = [(parsed.bwd_positions[-1], task) for task in offloaded]
     predicted_peak = predict_peak(predict_on or parsed, resident_bytes, offloaded, releases, reloads)
-    return {
-        "peak_cap_bytes": cap_bytes,
-        "reload_policy": reload,
-        "release_policy": release,
-        "releases": [] if release == "recorded" else [
-            {"task": task.id, "graph_id": parsed.nodes[position].graph_id, "bwd": False,
-             "before_node": parsed.nodes[position].name} for position, task in releases],
-        "held": [task.id for task in held],
-        "offloaded": [task.id for task in offloaded],
-        "offloaded_bytes": sum(task.bytes for task in offloaded),
-        "resident_bytes": resident_bytes,
-        "total_state_bytes": parsed.total_state_bytes,
-        "reloads": [{"task": task.id, "graph_id": parsed.nodes[position].graph_id, "bwd": True,
-                     "after_node": parsed.nodes[position].name} for position, task in reloads],
-        "forward_peak_bytes": parsed.forward_peak_bytes,
-        "floor_bytes": parsed.floor_bytes,
-        "outside_bytes": parsed.outside_bytes,
-        "predicted_peak_bytes": predicted_peak,
-        "feasible": predicted_peak <= cap_bytes,
+    return Plan(
+        peak_cap_bytes=cap_bytes, reload_policy=reload, release_policy=release,
+        releases=[] if release == "recorded" else [
+            Release(task.id, parsed.nodes[position].graph_id, False, parsed.nodes[position].name)
+            for position, task in releases],
+        held=[task.id for task in held],
+        offloaded=[task.id for task in offloaded],
+        offloaded_bytes=sum(task.bytes for task in offloaded),
+        resident_bytes=resident_bytes,
+        total_state_bytes=parsed.total_state_bytes,
+        reloads=[Reload(task.id, parsed.nodes[position].graph_id, True, parsed.nodes[position].name)
+                 for position, task in reloads],
+        forward_peak_bytes=parsed.forward_peak_bytes,
+        floor_bytes=parsed.floor_bytes,
+        outside_bytes=parsed.outside_bytes,
+        predicted_peak_bytes=predicted_peak,
+        feasible=predicted_peak <= cap_bytes,
         **({"prefetch_bytes": parsed.prefetch_bytes, "gathered_bytes": parsed.gathered_bytes}
            if parsed.held_bytes else {}),  # plans without composition keep their keys
-    }
-
-
-def plan_to_json(plan: dict) -> str:
-    """Stable text for plan.json and the CLI: sorted keys, fixed indent."""
-    return json.dumps(plan, sort_keys=True, indent=2)
+    )
 
 
 # ---------------------------------------------------------------- CLI
@@ -339,7 +443,7 @@ def _budget_from_args(args: argparse.Namespace) -> int:
     return _gb_to_bytes(args.budget_gb, "offload.budget_gb")
 
 
-def _plan_from_args(args: argparse.Namespace, profile: dict) -> dict:
+def _plan_from_args(args: argparse.Namespace, profile: dict) -> Plan:
     """The plan the pass would make; on a profile without the step model's readings only a budget sized as
     DeepSpeed's pass sizes it (placed on the profile as read), without a predicted peak or feasibility."""
     has_budget = args.budget_gb is not None or args.budget_bytes is not None
@@ -357,7 +461,7 @@ def _plan_from_args(args: argparse.Namespace, profile: dict) -> dict:
     cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
     plan = plan_offload(profile, _budget_from_args(args) if has_budget else None, limit, args.budget_rule,
                         args.reload, args.release, cap)
-    return {**plan, "predicted_peak_bytes": None, "feasible": None} if missing else plan
+    return dataclasses.replace(plan, predicted_peak_bytes=None, feasible=None) if missing else plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"warning: {args.profile} has no {' or '.join(missing)} (recorded before the step model): placed as "
               "DeepSpeed's pass places it; peak and feasibility not predicted (null)", file=sys.stderr)
-    print(plan_to_json(plan))
+    print(plan.to_json())
     return 0
 
 

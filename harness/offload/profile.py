@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError
+from harness.contract.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Node:
 
 @dataclass(frozen=True)
 class Task:
+    """One offload task as the planner sees it (states.Task on the device): its id and its bytes."""
     id: str
     bytes: int
 

@@ -24,9 +24,9 @@ from typing import Callable, Iterable
 
 from harness.offload import ops
 from harness.offload.accumulation import MicroBatches, WholeSteps
-from harness.offload.mover import StateMover, StateSlot
-from harness.offload.states import StateTask
-from harness.schema import OffloadConfig, choices
+from harness.offload.mover import StateMover, TaskSlot
+from harness.offload.states import Task
+from harness.contract.schema import OffloadConfig, choices
 
 logger = logging.getLogger(__name__)
 
@@ -63,26 +63,26 @@ class OffloadRuntime:
         self.cache_policy = cache_policy
         self.is_profiling = is_profiling
         self.micro_batches = micro_batches
-        self.slots: dict[str, StateSlot] = {}      # task id -> slot, in step order
+        self.slots: dict[str, TaskSlot] = {}      # task id -> slot, in step order
         self.planned: frozenset[str] = frozenset()  # task ids the launch op offloads (async mode)
         self.release_sites: dict[str, tuple[str, ...]] = {}  # release op site -> task ids it releases
         self.gated = False                          # a SubGroupGate calls before_sub_group_step
         self.out_until_plan = False                 # until the first plan: states stay on the host between updates
-        self._discover: Callable[[], Iterable[StateTask]] = lambda: ()  # the optimizer's states as they are now
+        self._discover: Callable[[], Iterable[Task]] = lambda: ()  # the optimizer's states as they are now
         self.fallback_reloads = 0                   # states brought back outside a reload op, cumulative
         self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
         self._warned = False                        # one warning per plan about states found out of place
-        self.readings: dict[str, int] = {}          # this step's allocator reading at our ops (metrics.OFFLOAD_GAUGES)
+        self.readings: dict[str, int] = {}          # this step's allocator reading at our ops (a step field of the arm's)
         self.forward_start_bytes: int | None = None  # allocated at the last forward start, before its launch
 
     # ------------------------------------------------------------------ set-up (compile time)
 
-    def adopt(self, tasks: Iterable[StateTask]) -> None:
+    def adopt(self, tasks: Iterable[Task]) -> None:
         """Track these tasks, keeping the slot (and its pinned buffer) of any task seen before."""
         slots = {}
         for task in tasks:
             known = self.slots.get(task.id)
-            slots[task.id] = known if known is not None and known.task.tensor is task.tensor else StateSlot(task)
+            slots[task.id] = known if known is not None and known.task.tensor is task.tensor else TaskSlot(task)
         self.slots = slots
 
     def evict_all(self) -> int:
@@ -94,7 +94,7 @@ class OffloadRuntime:
         device.empty_cache()
         return max(0, device.reserved_bytes() - device.allocated_bytes())
 
-    def evict_from_start(self, discover: Callable[[], Iterable[StateTask]]) -> int:
+    def evict_from_start(self, discover: Callable[[], Iterable[Task]]) -> int:
         """Before step 0 (offload.evict_from=start): take every state off the device, so phase 0 needs no more
         memory than the planned phases; until the first plan each sub-group's states come back for its own update
         only (the gate) and go out again after it. `discover` lists the optimizer's states as they are at the
@@ -201,7 +201,7 @@ class OffloadRuntime:
             self.adopt(self._discover())  # the first update creates the moments
             self.mover.offload([slot for slot in self.slots.values() if slot.task.sub_group == sub_group], hold=False)
 
-    def _bring_back(self, slots: Iterable[StateSlot], where: str) -> None:
+    def _bring_back(self, slots: Iterable[TaskSlot], where: str) -> None:
         restored = [slot for slot in slots if self.mover.reload(slot)]
         if not restored:
             return

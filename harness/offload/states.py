@@ -18,7 +18,9 @@ _FIRST_STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
 
 @dataclass(frozen=True, eq=False)
-class StateTask:
+class Task:
+    """One offload task on the device: the tensor that moves (the planner sees it as profile.Task, its id and bytes;
+    the runtime keeps its host copy in a mover.TaskSlot)."""
     sub_group: int
     key: str                 # MASTER_KEY or the optimizer-state key
     tensor: torch.Tensor     # the object whose .data moves
@@ -45,7 +47,7 @@ def _state_keys(state: dict, numel: int) -> list[str]:
     return first + sorted(key for key in keys if key not in first)
 
 
-def discover_tasks(zero_optimizer) -> list[StateTask]:
+def discover_tasks(zero_optimizer) -> list[Task]:
     """The movable states of every sub-group, in step order. Tensors already seen (aliases) are listed once."""
     tasks, seen = [], set()
     inner_state = zero_optimizer.optimizer.state
@@ -56,7 +58,7 @@ def discover_tasks(zero_optimizer) -> list[StateTask]:
             if id(tensor) in seen or tensor.numel() == 0 or not _owns_its_storage(tensor):
                 continue
             seen.add(id(tensor))
-            tasks.append(StateTask(sub_group, key, tensor))
+            tasks.append(Task(sub_group, key, tensor))
     return tasks
 
 

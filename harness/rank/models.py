@@ -9,10 +9,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from harness.schema import ModelConfig, choices
+from harness.contract.schema import ModelConfig, choices
 
 FAMILIES = choices(ModelConfig, "family")
-# Each family's transformers config and causal-LM classes (the families themselves: harness/schema/).
+# Each family's transformers config and causal-LM classes (the families themselves: harness/contract/schema/).
 TRANSFORMERS_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
 
 
@@ -22,7 +22,7 @@ def hf_config(model_cfg: Mapping[str, Any]):
 
     family = model_cfg["family"]
     if family not in FAMILIES:
-        from harness.errors import ConfigError
+        from harness.contract.errors import ConfigError
         raise ConfigError("model.family", f"unknown family {family!r}; expected one of {FAMILIES}")
     config_cls = getattr(transformers, TRANSFORMERS_CLASSES[family][0])
     return config_cls(**dict(model_cfg["config"]))

@@ -60,6 +60,16 @@ def node_failure(node_rank: int) -> str:
     return f"node{node_rank}.failed.json"
 
 
+UNNUMBERED = 1 << 30  # job_order's number for a folder that is not a point's
+
+
+def job_order(run_dir: str | Path) -> tuple[int, str]:
+    """Hydra names run dirs '<job num>_<overrides>': order by job number, not by text (others last)."""
+    name = Path(run_dir).name
+    head = name.split("_", 1)[0]
+    return (int(head) if head.isdigit() else UNNUMBERED, name)
+
+
 # --- writing ---------------------------------------------------------------------------------------------
 
 Content = Union[str, bytes, Callable[[Path], None]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from harness.units import GB
+from harness.contract.units import GB
 
 CLOCK_DROP_LIMIT = 0.10  # an SM clock this much lower at the end than at the start of the measured steps
 # NVML's reasons for lower clocks that are not the GPU idling or the usual power management at full load.

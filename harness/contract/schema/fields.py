@@ -14,10 +14,19 @@ import typing
 from functools import lru_cache
 from typing import Annotated, Any, Collection, Literal, Mapping, Union
 
-from harness.checks import BOOL, MISSING, Choice, Number, Text
-from harness.errors import ConfigError
+from harness.contract.checks import BOOL, MISSING, Choice, Number, Text
+from harness.contract.errors import ConfigError
 
 SOMETIMES = "sometimes"  # in Annotated[...]: only some options of the group have this key
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """In Annotated[...]: the key is a column of the analysis's point rows, named `name` (default: the key's name)."""
+    name: str | None = None
+
+
+COLUMN = Column()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +72,19 @@ def rules(schema: type) -> dict[str, Rule]:
     """Field name -> its Rule, in field order."""
     hints = typing.get_type_hints(schema, include_extras=True)
     return {field.name: _rule(hints[field.name]) for field in dataclasses.fields(schema)}
+
+
+@lru_cache(maxsize=None)
+def columns(schema: type) -> dict[str, str]:
+    """Field name -> its analysis column, for the fields marked with a Column, in field order."""
+    hints = typing.get_type_hints(schema, include_extras=True)
+    marked = {field.name: _column(hints[field.name]) for field in dataclasses.fields(schema)}
+    return {name: column.name or name for name, column in marked.items() if column is not None}
+
+
+def _column(hint: Any) -> Column | None:
+    extras = typing.get_args(hint)[1:] if typing.get_origin(hint) is Annotated else ()
+    return next((extra for extra in extras if isinstance(extra, Column)), None)
 
 
 def check_fields(prefix: str, schema: type, values: Any, also_known: Collection[str] = ()) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from harness import runfiles
+from harness.contract import runfiles
 
 
 class StallWatch:

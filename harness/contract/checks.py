@@ -1,5 +1,5 @@
 """Checks of one config value by kind (a number in a range, a choice, text, a plain name), each refusing with one
-ConfigError that names the key. The config schema (harness/schema/) gives each key its check."""
+ConfigError that names the key. The config schema (harness/contract/schema/) gives each key its check."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.errors import ConfigError
+from harness.contract.errors import ConfigError
 
 MISSING = object()  # a key the config does not have, as opposed to one set to null
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,8 +10,11 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from harness import exits, reader, runfiles
-from harness.checks import lookup
+from harness.contract import exits, reader, runfiles
+from harness.contract.runfiles import UNNUMBERED, job_order
+from harness.contract.checks import lookup
+
+logger = logging.getLogger(__name__)
 
 
 def flat_summary(summary: dict) -> dict[str, Any]:
@@ -89,7 +92,7 @@ def index_lines(sweep_dir: Path) -> list[dict[str, Any]]:
         try:
             line = index_line(sweep_dir, run_dir)
         except (OSError, reader.MalformedFile) as error:
-            print(f"warning: {run_dir}: left out of the index: {error}", file=sys.stderr)
+            logger.warning(f"warning: {run_dir}: left out of the index: {error}")
             continue
         if line is not None:
             lines.append(line)
@@ -116,16 +119,6 @@ def point_dirs(sweep_dir: Path) -> list[Path]:
     """Every point folder Hydra made in a sweep dir ('<job num>_...'), recorded or not."""
     return sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir() and job_order(p)[0] != UNNUMBERED),
                   key=job_order)
-
-
-UNNUMBERED = 1 << 30  # job_order's number for a folder that is not a point's
-
-
-def job_order(run_dir: str | Path) -> tuple[int, str]:
-    """Hydra names run dirs '<job num>_<overrides>': order by job number, not by text (others last)."""
-    name = Path(run_dir).name
-    head = name.split("_", 1)[0]
-    return (int(head) if head.isdigit() else UNNUMBERED, name)
 
 
 @dataclass(frozen=True)
@@ -165,17 +158,17 @@ class SweepIndexCallback(Callback):
             listed = {line["run_dir"] for line in lines}
             unrecorded = tuple(p.name for p in point_dirs(sweep_dir) if p.name not in listed)
         except Exception as error:  # the sweep's points are recorded in their run dirs; say why the index is not
-            print(f"warning: sweep index of {sweep_dir} not written: {error}", file=sys.stderr)
+            logger.warning(f"warning: sweep index of {sweep_dir} not written: {error}")
             SweepIndexCallback.outcome = SweepOutcome((), (runfiles.INDEX,))
             return
         SweepIndexCallback.outcome = SweepOutcome(tuple(line["status"] for line in lines), unrecorded)
-        print(f"sweep index: {path} ({len(lines)} points)")
+        logger.info(f"sweep index: {path} ({len(lines)} points)")
         if unrecorded:
-            print(f"warning: {len(unrecorded)} point(s) left no summary: {', '.join(unrecorded)}", file=sys.stderr)
+            logger.warning(f"warning: {len(unrecorded)} point(s) left no summary: {', '.join(unrecorded)}")
 
     @staticmethod
     def exit_code() -> int | None:
-        """The finished multirun's exit code (harness.exits), or None where no multirun ran in this process."""
+        """The finished multirun's exit code (harness.contract.exits), or None where no multirun ran in this process."""
         if SweepIndexCallback.running_sweep_dir is None:
             return None
         if SweepIndexCallback.outcome is None:

@@ -1,12 +1,13 @@
 """One rank of one sweep point (started by torchrun; no Hydra): model + engine + the measured step loop.
 
-    python -m torch.distributed.run ... -m harness.worker RUN_DIR
+    python -m torch.distributed.run ... -m harness.rank.worker RUN_DIR
 
 Reads RUN_DIR/config.yaml (written by the driver). Global rank 0 appends one steps.jsonl row per
 optimizer step and writes worker.json; any rank that fails writes error.rank<R>.json for the driver.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -15,17 +16,24 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
-from harness import arms, emulated_device, machine, models, protocol, runfiles
-from harness.budget import resolve_budget_bytes
-from harness.diagnostics import StepDiagnostics
-from harness.metrics import OFFLOAD_COUNTERS, OFFLOAD_GAUGES, MemoryMonitor, aggregate_over_ranks, phase_of, physical_total_bytes
-from harness.runfiles import StepWriter, write_json
-from harness.units import GB
+from harness import arms
+from harness.rank import emulated_device, machine, models
+from harness.contract import logs, protocol, runfiles
+from harness.rank.budget import resolve_budget_bytes
+from harness.rank.diagnostics import StepDiagnostics
+from harness.contract import steps
+from harness.contract.steps import phase_of
+from harness.rank.monitor import ArmCounters, MemoryMonitor, aggregate_over_ranks, physical_total_bytes
+from harness.contract.runfiles import StepWriter, write_json
+from harness.contract.units import GB
+
+logger = logging.getLogger("harness.rank.worker")  # by name: torchrun runs this module as __main__
+progress = logging.getLogger(logs.PROGRESS)
 
 OOM_EXIT_CODE = 3
 SHARED_DEVICE_WARN_BYTES = 2 * GB  # a CUDA context takes ~0.5 GB; more than this means a neighbour
@@ -65,7 +73,7 @@ def cap_reserved_memory(cap_gb: float | None, monitor: MemoryMonitor) -> None:
     if cap_gb is None:
         return
     if not monitor.cuda:
-        print("worker: env.reserved_cap_gb needs CUDA (it caps the caching allocator); ignored", flush=True)
+        logger.warning("worker: env.reserved_cap_gb needs CUDA (it caps the caching allocator); ignored")
         return
     emulated_device.set_allocator_ceiling(int(cap_gb * GB), physical_total_bytes(monitor.device), monitor.device)
 
@@ -95,7 +103,7 @@ def gpu_uuid(device: torch.device) -> str | None:
 
 
 class MachineWatch:
-    """Every rank's machine reading (harness/machine.py) at the start and at the end of the measured steps,
+    """Every rank's machine reading (harness/rank/machine.py) at the start and at the end of the measured steps,
     gathered in rank order with the ranks' pids (a collective: every rank reads at the same steps)."""
 
     def __init__(self, device: torch.device, counts: protocol.StepCounts):
@@ -149,37 +157,21 @@ def slow_down(cfg: dict, step: int, rank: int) -> None:
         time.sleep(debug["fault_sleep_s"])
 
 
-class OffloadCounters:
-    """Per-step deltas of an arm's cumulative offload counters (None for arms without them)."""
-
-    def __init__(self, read: Callable[[], dict] | None):
-        self._read = read
-        self._last = self._read() if self._read else {}
-
-    def step_deltas(self) -> dict[str, int | float | None]:
-        """Counters as this step's deltas; memory readings as they are (None where the arm has none)."""
-        if self._read is None:
-            return {k: None for k in OFFLOAD_COUNTERS + OFFLOAD_GAUGES}
-        now = self._read()
-        deltas = {k: (now[k] - self._last.get(k, 0)) if k in now else None for k in OFFLOAD_COUNTERS}
-        self._last = now
-        return {**deltas, **{k: now.get(k) for k in OFFLOAD_GAUGES}}
-
-
 def run(cfg: dict, run_dir: Path, position: Position) -> None:
     import deepspeed
 
     cuda = torch.cuda.is_available()
     device = init_distributed(cuda)
     rank, world = dist.get_rank(), dist.get_world_size()
+    logs.setup(cfg["launcher"].get("log_level", logs.DEFAULT_LEVEL), rank)
     train, model_cfg = cfg["train"], cfg["model"]
     # Before anything is allocated: the whole run sees the emulated device, phase 0 included.
     monitor = MemoryMonitor(device, emulated_device.apply(cfg["env"], device, physical_total_bytes(device)))
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
-        print(f"worker: rank {rank}: {outside / GB:.1f} GB of device memory in use outside this process before "
-              "the model exists: another job shares the GPU; timings and DeepCompile's memory profile (which adds "
-              "that memory to every node) are skewed", flush=True)
+        logger.warning(f"worker: rank {rank}: {outside / GB:.1f} GB of device memory in use outside this process "
+                       "before the model exists: another job shares the GPU; timings and DeepCompile's memory "
+                       "profile (which adds that memory to every node) are skewed")
     arm = arms.from_config(cfg["arm"])
     budget = resolve_budget(cfg["offload"], monitor, device) if arm.offloads_opt_states else None
 
@@ -206,7 +198,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         write_json(run_dir / runfiles.WORKER, facts)
 
     generator = torch.Generator().manual_seed(train["seed"] * 1000 + rank)
-    counters = OffloadCounters(arm.offload_counter_reader())
+    counters = ArmCounters(arm.offload_counter_reader())
     counts = protocol.step_counts(train, starts)
     watch = MachineWatch(device, counts)
     tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
@@ -236,24 +228,28 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         synchronize(device)  # the one sync per step: the time covers all queued device work
         step_time = time.perf_counter() - start
         diagnostics.after(step, device, run_dir)
-        record = {"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
-                  "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(), **counters.step_deltas(),
-                  "traced": diagnostics.traces(step)}
+        record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
+                               "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(),
+                               **counters.step_values(), "traced": diagnostics.traces(step)})
         record = aggregate_over_ranks(record, device)
         arm.observe_step(record)
-        record["tokens"] = tokens
-        record["tokens_per_s"] = tokens / record["step_time_s"]
-        record["tflops_per_gpu"] = flops_per_token * tokens / record["step_time_s"] / world / 1e12
+        record.update(throughput(tokens, record["step_time_s"], flops_per_token, world))
         if writer is not None:
             writer.write(record)
-            print(progress_line(record, counts.total), flush=True)
+            progress.info(progress_line(record, counts.total))
 
     machine_facts = watch.facts()
     if rank == 0:
         write_json(run_dir / runfiles.WORKER, {**facts, **arm.plan_facts(), **machine_facts})
         writer.close()
     dist.barrier()
-    print(f"worker: rank {rank} finished {counts.total} steps", flush=True)
+    logger.info(f"worker: rank {rank} finished {counts.total} steps")
+
+
+def throughput(tokens: int, step_time_s: float, flops_per_token: float, world: int) -> dict[str, float]:
+    """The step's tokens (every rank's), tokens per second and TFLOPs per GPU, from its time combined over ranks."""
+    return {"tokens": tokens, "tokens_per_s": tokens / step_time_s,
+            "tflops_per_gpu": flops_per_token * tokens / step_time_s / world / 1e12}
 
 
 def exit_now(code: int) -> NoReturn:

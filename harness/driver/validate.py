@@ -1,7 +1,7 @@
 """Refuse bad configs before anything is launched, with one line that names the offending key.
 
 Every key of every group is checked whatever the arm: first each value alone (its type, finiteness and range, as
-the config schema in harness/schema/ declares them), then the rules that tie keys together (model shapes, steps
+the config schema in harness/contract/schema/ declares them), then the rules that tie keys together (model shapes, steps
 that must exist), the machine's limits and the arm's own rules.
 """
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness import arms, schema
-from harness.errors import ConfigError
+from harness import arms
+from harness.contract import schema
+from harness.contract.errors import ConfigError
 
 
 def check_machine(cfg: dict[str, Any], gpu_count: int | None) -> None:

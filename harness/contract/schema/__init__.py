@@ -13,20 +13,25 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from harness.errors import ConfigError
+from harness.contract.errors import ConfigError
 
-from harness.schema.fields import check_fields, check_value, choices, refuse_unknown_keys, rules
-from harness.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
+from harness.contract.schema.fields import columns, check_fields, check_value, choices, refuse_unknown_keys, rules
+from harness.contract.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
                                    ModelConfig, OffloadConfig, SweepConfig, TrainConfig)
 
 __all__ = ["GROUPS", "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",
            "LauncherConfig", "LoggerConfig", "SweepConfig", "check_group", "check_values", "check_rules",
-           "choices", "pass_knobs"]
+           "choices", "config_columns", "pass_knobs"]
 
 GROUPS: dict[str, type[Group]] = {
     "model": ModelConfig, "train": TrainConfig, "offload": OffloadConfig, "launcher": LauncherConfig,
     "logger": LoggerConfig, "env": EnvConfig, "debug": DebugConfig, "sweep": SweepConfig,
 }
+
+
+def config_columns() -> dict[str, str]:
+    """Dotted config key -> its analysis column, for every key the schema marks as one (Column), group by group."""
+    return {f"{name}.{key}": column for name, group in GROUPS.items() for key, column in columns(group).items()}
 
 
 def check_values(cfg: Mapping[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """Resolve the offload memory budget to bytes, once, so every offload arm plans against one number."""
 from __future__ import annotations
 
-from harness import schema
-from harness.units import GB
+from harness.contract import schema
+from harness.contract.units import GB
 
 
 def check_budget_keys(budget_gb: float | None, budget_fraction: float | None, margin: float) -> None:

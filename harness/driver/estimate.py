@@ -11,9 +11,10 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from harness import arms
-from harness.compose import compose_point, sweep_points
-from harness.errors import ConfigError
-from harness.units import GB
+from harness.driver import console
+from harness.driver.compose import compose_point, sweep_points
+from harness.contract.errors import ConfigError
+from harness.contract.units import GB
 
 ESTIMATE_ONLY = "estimate_only=true"  # on harness.run's command line: print the estimate instead of running
 RENAMED_FLAG = "plan_only"  # the flag's old name, refused: "plan" is the offload planner's (harness plan, plan.json)
@@ -46,7 +47,7 @@ def states_on_gpu(arm: arms.Arm, states: Mapping[str, int]) -> int:
 
 @lru_cache(maxsize=None)
 def _parameter_count(model_json: str) -> int:
-    from harness.models import count_parameters
+    from harness.rank.models import count_parameters
 
     return count_parameters(json.loads(model_json))
 
@@ -68,7 +69,7 @@ def estimate_row(overrides: list[str]) -> dict[str, Any]:
     """One point of the estimate: its GPUs and per-rank model-state bytes, or the config error it would hit."""
     from omegaconf import OmegaConf
 
-    from harness.validate import validate
+    from harness.driver.validate import validate
 
     config = OmegaConf.to_container(compose_point(overrides), resolve=True)
     launcher = config["launcher"]
@@ -120,4 +121,4 @@ def format_estimate(rows: list[dict[str, Any]], labels: list[list[str]]) -> str:
 def print_estimate(overrides: list[str], multirun: bool) -> None:
     """Print every point of the sweep with its GPUs and per-rank memory; launch nothing."""
     points = sweep_points(overrides, multirun)
-    print(format_estimate([estimate_row(point) for point in points], _varying(points)))
+    console.out(format_estimate([estimate_row(point) for point in points], _varying(points)))

@@ -16,7 +16,7 @@ import pickle
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from harness import runfiles
+from harness.contract import runfiles
 
 MAX_ENTRIES = 500_000           # allocator actions kept; beyond it torch drops the oldest
 GROWTH_ACTIONS = ("segment_alloc", "segment_map")     # new device memory (cudaMalloc, or expandable mapping)

@@ -1,14 +1,15 @@
 """One dataclass per config group: each field is one key of conf/<group>/ (its default lives there), its type the
-values it allows (harness/schema/fields.py says how to read them); `check` holds the rules that tie a group's keys
+values it allows (harness/contract/schema/fields.py says how to read them); `check` holds the rules that tie a group's keys
 together or to other groups', run once every value alone has passed. A new key is one field line here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from harness.checks import POSITIVE, POSITIVE_INT, Number, PlainName
-from harness.errors import ConfigError
-from harness.schema.fields import SOMETIMES
+from harness.contract.checks import POSITIVE, POSITIVE_INT, Number, PlainName, is_finite_number
+from harness.contract.errors import ConfigError
+from harness.contract.units import GB
+from harness.contract.schema.fields import COLUMN, SOMETIMES, Column
 
 COUNT = Number(low=0, integer=True)  # a step, a rank, a count
 WHOLE_ELEMENTS = Number(low=1, whole=True)  # an element count such as 5e7 (null: DeepSpeed's default)
@@ -16,7 +17,8 @@ WHOLE_ELEMENTS = Number(low=1, whole=True)  # an element count such as 5e7 (null
 
 def total_steps(cfg: Mapping[str, Any]) -> int:
     """The optimizer steps the point runs (train.steps, or what the measurement protocol makes of the arm's phases)."""
-    from harness import arms, protocol  # here only: the planner and the offload runtime read the schema alone
+    from harness import arms  # here only: the planner and the offload runtime read the schema alone
+    from harness.contract import protocol
 
     starts = arms.from_config(cfg["arm"]).phase_start_steps(cfg)
     return protocol.step_counts(cfg["train"], starts).total
@@ -48,7 +50,7 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class ModelConfig(Group):
-    name: str
+    name: Annotated[str, Column("model")]
     family: Literal["qwen3", "llama"]
     config: ModelShape
 
@@ -68,16 +70,16 @@ class ModelConfig(Group):
 
 @dataclass(frozen=True)
 class TrainConfig(Group):
-    micro_batch: Annotated[int, POSITIVE_INT]
-    seq_len: Annotated[int, POSITIVE_INT]
-    warmup_steps: Annotated[int, COUNT]
-    measure_steps: Annotated[Optional[int], POSITIVE_INT]
-    steps: Annotated[Optional[int], POSITIVE_INT]  # the total; null: from the arm's phases (harness/protocol.py)
-    grad_accum: Annotated[int, POSITIVE_INT]
-    dtype: Literal["bf16", "fp16", "fp32"]
+    micro_batch: Annotated[int, POSITIVE_INT, COLUMN]
+    seq_len: Annotated[int, POSITIVE_INT, COLUMN]
+    warmup_steps: Annotated[int, COUNT, COLUMN]
+    measure_steps: Annotated[Optional[int], POSITIVE_INT, COLUMN]
+    steps: Annotated[Optional[int], POSITIVE_INT, COLUMN]  # the total; null: from the arm's phases (harness/contract/protocol.py)
+    grad_accum: Annotated[int, POSITIVE_INT, COLUMN]
+    dtype: Annotated[Literal["bf16", "fp16", "fp32"], COLUMN]
     lr: Annotated[float, POSITIVE]
-    seed: Annotated[int, Number(integer=True)]
-    repeat: Annotated[int, COUNT]
+    seed: Annotated[int, Number(integer=True), COLUMN]
+    repeat: Annotated[int, COUNT, COLUMN]
     sub_group_size: Annotated[Optional[float], WHOLE_ELEMENTS]
     reduce_bucket_size: Annotated[Optional[float], WHOLE_ELEMENTS]
     torch_adam: Optional[bool]
@@ -96,10 +98,10 @@ class TrainConfig(Group):
 
 @dataclass(frozen=True)
 class BudgetConfig(Group):
-    """The offload budget every offload arm plans against (resolved to bytes once, harness/budget.py)."""
-    budget_gb: Annotated[Optional[float], Number(low=0)]
-    budget_fraction: Annotated[Optional[float], Number(low=0, high=1)]
-    margin: Annotated[float, Number(low=0, high=1, high_open=True)]
+    """The offload budget every offload arm plans against (resolved to bytes once, harness/rank/budget.py)."""
+    budget_gb: Annotated[Optional[float], Number(low=0), COLUMN]
+    budget_fraction: Annotated[Optional[float], Number(low=0, high=1), COLUMN]
+    margin: Annotated[float, Number(low=0, high=1, high_open=True), COLUMN]
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
@@ -111,16 +113,16 @@ class BudgetConfig(Group):
 @dataclass(frozen=True)
 class OffloadConfig(BudgetConfig):
     """The offload group: the budget, then our pass's knobs (arm=offload; DeepSpeed's pass has them hard-wired)."""
-    mode: Literal["async", "blocking"]
-    empty_cache: Literal["never", "once_per_phase", "per_step"]
-    streams: Literal["split", "single"]
-    reload: Literal["asap", "at_end"]
-    release: Literal["recorded", "ordered"]
-    evict_from: Literal["start", "planning_step"]
-    auto_rule: Literal["margin", "device_limit"]
-    budget_rule: Literal["deepspeed", "step_model"]
-    peak_cap_gb: Annotated[Optional[float], Number(low=0)]
-    compose: Literal["none", "prefetch", "prefetch_selective_gather"]  # DeepCompile's passes run beside ours
+    mode: Annotated[Literal["async", "blocking"], Column("offload_mode")]
+    empty_cache: Annotated[Literal["never", "once_per_phase", "per_step"], COLUMN]
+    streams: Annotated[Literal["split", "single"], COLUMN]
+    reload: Annotated[Literal["asap", "at_end"], COLUMN]
+    release: Annotated[Literal["recorded", "ordered"], COLUMN]
+    evict_from: Annotated[Literal["start", "planning_step"], COLUMN]
+    auto_rule: Annotated[Literal["margin", "device_limit"], COLUMN]
+    budget_rule: Annotated[Literal["deepspeed", "step_model"], COLUMN]
+    peak_cap_gb: Annotated[Optional[float], Number(low=0), COLUMN]
+    compose: Annotated[Literal["none", "prefetch", "prefetch_selective_gather"], COLUMN]  # DeepCompile's passes beside ours
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
@@ -134,8 +136,8 @@ class OffloadConfig(BudgetConfig):
 
 @dataclass(frozen=True)
 class LauncherConfig(Group):
-    nproc_per_node: Annotated[int, POSITIVE_INT]
-    nnodes: Annotated[int, POSITIVE_INT]
+    nproc_per_node: Annotated[int, POSITIVE_INT, COLUMN]
+    nnodes: Annotated[int, POSITIVE_INT, COLUMN]
     timeout_s: Annotated[float, POSITIVE]
     stall_timeout_s: Annotated[Optional[float], POSITIVE]
     rdzv_backend: Optional[str]
@@ -144,6 +146,7 @@ class LauncherConfig(Group):
     dist_timeout_min: Annotated[Optional[float], POSITIVE, SOMETIMES]
     requeue: Annotated[bool, SOMETIMES]
     gpu_memory_gb: Annotated[Optional[float], POSITIVE, SOMETIMES]
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"]  # the harness's logger (harness/contract/logs.py)
 
 
 @dataclass(frozen=True)
@@ -157,14 +160,29 @@ class LoggerConfig(Group):
 @dataclass(frozen=True)
 class EnvConfig(Group):
     pytorch_cuda_alloc_conf: Optional[str]
-    device_memory_gb: Annotated[Optional[float], POSITIVE]
+    device_memory_gb: Annotated[Optional[float], POSITIVE, COLUMN]  # the emulated size (null: the real device)
     reserved_cap_gb: Annotated[Optional[float], POSITIVE]
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
-        from harness import emulated_device  # it reads GB from harness.budget, which reads this schema
+        check_emulated_size(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
 
-        emulated_device.check(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
+
+def check_emulated_size(env_cfg: Mapping[str, Any], physical_bytes: int | None) -> None:
+    """Refuse a size that cannot mean anything: not a finite number > 0, larger than the real device, or
+    smaller than the reserved-memory ceiling measured inside it."""
+    size = env_cfg.get("device_memory_gb")
+    if size is None:
+        return
+    if not (is_finite_number(size) and size > 0):
+        raise ConfigError("env.device_memory_gb", f"must be null or a finite number > 0, got {size!r}")
+    if physical_bytes is not None and size * GB > physical_bytes:
+        raise ConfigError("env.device_memory_gb", f"{size:g} GB is more than this device's "
+                          f"{physical_bytes / GB:.2f} GB; an emulated device can only be smaller")
+    cap = env_cfg.get("reserved_cap_gb")
+    if is_finite_number(cap) and cap > size:
+        raise ConfigError("env.reserved_cap_gb", f"{cap:g} GB is above the emulated device "
+                          f"(env.device_memory_gb={size:g}); a ceiling inside it must be smaller")
 
 
 @dataclass(frozen=True)
@@ -198,5 +216,6 @@ class DebugConfig(Group):
 
 @dataclass(frozen=True)
 class SweepConfig(Group):
-    name: Annotated[str, PlainName()]  # the W&B group and the sweep folder's name: one folder under multirun/
+    # the W&B group and the sweep folder's name: one folder under multirun/
+    name: Annotated[str, PlainName(), Column("sweep_name")]
     strict: bool  # true: a multirun exits 1 when a point is not ok (false: when a point left no summary)

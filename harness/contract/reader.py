@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from harness import runfiles
-from harness.checks import is_finite_number, lookup
-from harness.errors import ConfigError
-from harness.launch import STATUSES
+from harness.contract import runfiles
+from harness.contract.checks import is_finite_number, lookup
+from harness.contract.errors import ConfigError
+from harness.contract.statuses import STATUSES
 
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
 # What made our pass's plan (plan.json's `rule`): a budget as DeepSpeed sizes it, the step model within a budget, or

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from harness.envinfo import REPO_ROOT
-from harness.errors import ConfigError
+from harness.contract.envinfo import REPO_ROOT
+from harness.contract.errors import ConfigError
 
 CONF_DIR = REPO_ROOT / "conf"
 # Hydra's flags that show something instead of running: its own output is the answer, nothing to check first.
@@ -29,7 +29,7 @@ def _hydra(config_dirs: Sequence[str | Path] = ()) -> Iterator[Any]:
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
-    from harness import dirnames
+    from harness.driver import dirnames
     dirnames.register()
     backup = get_gh_backup()
     version.setbase("1.3")
@@ -155,7 +155,7 @@ def check_command_line(args: list[str]) -> None:
 
 def check_sweep_name(cfg) -> None:
     """sweep.name names the sweep's folder under multirun/: it must resolve to a plain name."""
-    from harness import schema
+    from harness.contract import schema
 
     sweep = resolve(cfg.sweep, prefix="sweep")
     schema.check_group("sweep", {"sweep": sweep}, part=schema.SweepConfig)

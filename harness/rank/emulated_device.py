@@ -16,12 +16,14 @@ emulated size.
 """
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Mapping
 
-from harness.checks import is_finite_number
-from harness.errors import ConfigError
-from harness.units import GB
+from harness.contract.schema.groups import check_emulated_size
+from harness.contract.units import GB
+
+logger = logging.getLogger(__name__)
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _REQUESTED = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
@@ -31,23 +33,6 @@ def size_bytes(env_cfg: Mapping[str, Any]) -> int | None:
     """The emulated device size in bytes, or None for the real device."""
     size = env_cfg.get("device_memory_gb")
     return None if size is None else int(size * GB)
-
-
-def check(env_cfg: Mapping[str, Any], physical_bytes: int | None) -> None:
-    """Refuse a size that cannot mean anything: not a finite number > 0, larger than the real device, or
-    smaller than the reserved-memory ceiling measured inside it."""
-    size = env_cfg.get("device_memory_gb")
-    if size is None:
-        return
-    if not (is_finite_number(size) and size > 0):
-        raise ConfigError("env.device_memory_gb", f"must be null or a finite number > 0, got {size!r}")
-    if physical_bytes is not None and size * GB > physical_bytes:
-        raise ConfigError("env.device_memory_gb", f"{size:g} GB is more than this device's "
-                          f"{physical_bytes / GB:.2f} GB; an emulated device can only be smaller")
-    cap = env_cfg.get("reserved_cap_gb")
-    if is_finite_number(cap) and cap > size:
-        raise ConfigError("env.reserved_cap_gb", f"{cap:g} GB is above the emulated device "
-                          f"(env.device_memory_gb={size:g}); a ceiling inside it must be smaller")
 
 
 def set_allocator_ceiling(limit_bytes: int, physical_bytes: int, device) -> None:
@@ -72,13 +57,13 @@ def apply(env_cfg: Mapping[str, Any], device, physical_bytes: int | None) -> int
     size = size_bytes(env_cfg)
     if size is None:
         return None
-    check(env_cfg, physical_bytes)
+    check_emulated_size(env_cfg, physical_bytes)  # against the real device, which only the rank sees
     patch_accelerator(size)
     if device.type == "cuda":
         set_allocator_ceiling(size, physical_bytes, device)
     else:
-        print(f"worker: env.device_memory_gb={env_cfg['device_memory_gb']:g}: no CUDA allocator to cap on this "
-              "machine; DeepSpeed's accelerator reports the emulated size", flush=True)
+        logger.info(f"worker: env.device_memory_gb={env_cfg['device_memory_gb']:g}: no CUDA allocator to cap on "
+                    "this machine; DeepSpeed's accelerator reports the emulated size")
     return size
 
 

@@ -8,11 +8,15 @@ Both slow the step they look at: its time in steps.jsonl is not a measurement.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
-from harness import memory_trace, runfiles
+from harness.rank import memory_trace
+from harness.contract import runfiles
+
+logger = logging.getLogger(__name__)
 
 TABLE_ROWS = 40
 
@@ -26,8 +30,8 @@ class StepDiagnostics:
         self.profile_step = debug.get("profile_step") if rank == 0 else None
         self.memory_step = debug.get("memory_trace_step") if rank == 0 else None
         if self.memory_step is not None and not cuda:
-            print("worker: debug.memory_trace_step needs CUDA (it traces the caching allocator); no trace written",
-                  flush=True)
+            logger.warning("worker: debug.memory_trace_step needs CUDA (it traces the caching allocator); "
+                           "no trace written")
             self.memory_step = None
         self._profiler: torch.profiler.profile | None = None
 

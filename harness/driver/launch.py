@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import psutil
 
-from harness import arms, runfiles
+from harness import arms
+from harness.contract import runfiles
 
-STATUSES = ("ok", "oom", "died", "timeout", "preempted", "interrupted", "skipped", "config_error", "error")
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
 _KILL_GRACE_S = 10
 _POLL_S = 1.0  # how often the launch loop checks the timeout and the point's other nodes
@@ -49,7 +49,7 @@ def torchrun_command(run_dir: Path, launcher: dict[str, Any]) -> list[str]:
            "--max_restarts=0", "--monitor_interval=1"]
     nnodes, backend = launcher.get("nnodes", 1), launcher.get("rdzv_backend") or "c10d"
     if nnodes == 1 and not launcher.get("rdzv_endpoint"):
-        return cmd + ["--standalone", "-m", "harness.worker", str(run_dir)]
+        return cmd + ["--standalone", "-m", "harness.rank.worker", str(run_dir)]
     cmd += [f"--nnodes={nnodes}", f"--rdzv_backend={backend}", f"--rdzv_endpoint={launcher['rdzv_endpoint']}",
             f"--rdzv_id={launcher.get('rdzv_id', 'harness')}"]
     if backend == "static":
@@ -57,7 +57,7 @@ def torchrun_command(run_dir: Path, launcher: dict[str, Any]) -> list[str]:
     if launcher.get("dist_timeout_min"):  # a node that never joins fails the point, like a hung collective
         timeout_key = "timeout" if backend == "static" else "join_timeout"
         cmd.append(f"--rdzv_conf={timeout_key}={int(launcher['dist_timeout_min'] * 60)}")
-    return cmd + ["-m", "harness.worker", str(run_dir)]
+    return cmd + ["-m", "harness.rank.worker", str(run_dir)]
 
 
 def worker_env(cfg: dict[str, Any], cuda: bool | None = None) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Print the offload benchmark's ratios from one or more sweep dirs of arms run back to back.
 
-    python -m harness.bench SWEEP_DIR [SWEEP_DIR ...]
+    python -m analysis.bench SWEEP_DIR [SWEEP_DIR ...]
 
 For each offload budget found: final-phase median step time of every arm, the reserved-memory trajectory of the
 final phase with the allocator's retries in it, and the largest relative loss difference against `deepcompile`
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from harness import reader, schema
+from harness.contract import reader, schema
 from harness.arms import BenchRole
-from harness.checks import is_finite_number, lookup
-from harness.envinfo import REPO_ROOT
-from harness.reader import Problem
-from harness.units import GB
+from harness.contract.checks import is_finite_number, lookup
+from harness.contract.envinfo import REPO_ROOT
+from harness.contract.reader import Problem
+from harness.contract.units import GB
 
 KNOBS = schema.pass_knobs()  # our pass's, in the schema's order
 
