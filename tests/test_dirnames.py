@@ -30,9 +30,10 @@ def test_multibyte_values_are_never_cut_in_half():
 
 
 def test_a_value_never_makes_the_name_a_path():
-    for value in ("a/b", "../../../../esc", "..", "a\\b", "x\x00y", "line\nbreak", "/abs"):
+    for value in ("a/b", "../../../../esc", "..", "a\\b", "x\x00y", "line\nbreak", "/abs", "'${oc.env:UNSET}'"):
         name = bounded_dirname(f"env.pytorch_cuda_alloc_conf={value}")
         assert "/" not in name and "\\" not in name and ".." not in name and "\x00" not in name and "\n" not in name
+        assert "${" not in name  # never an interpolation where Hydra stores the folder
     assert bounded_dirname("env.pytorch_cuda_alloc_conf=../x") == "env.pytorch_cuda_alloc_conf=%2E.%2Fx"
     assert bounded_dirname("a=%2F") != bounded_dirname("a=/")  # `%` is escaped too: two lists, two names
     assert len(bounded_dirname("train.note=" + "/" * 300).encode()) <= MAX_BYTES
@@ -47,4 +48,5 @@ def test_the_name_is_read_from_the_overrides_as_written():
     cfg = compose_point(["env.pytorch_cuda_alloc_conf=${oc.env:HARNESS_TEST_UNSET}"], with_hydra=True)
     with open_dict(cfg):
         cfg.hydra.job.num = 3
-    assert OmegaConf.select(cfg, "hydra.sweep.subdir") == "3_env.pytorch_cuda_alloc_conf=${oc.env:HARNESS_TEST_UNSET}"
+    # `$` is escaped: Hydra keeps the folder as hydra.runtime.output_dir, where a `${...}` would be resolved after all
+    assert OmegaConf.select(cfg, "hydra.sweep.subdir") == "3_env.pytorch_cuda_alloc_conf=%24{oc.env:HARNESS_TEST_UNSET}"

@@ -21,6 +21,7 @@ def files_under(folder: Path) -> set[Path]:
 @pytest.mark.parametrize("overrides, key", [
     (["env.pytorch_cuda_alloc_conf=123"], "env.pytorch_cuda_alloc_conf"),  # was a TypeError in Popen
     (["train.seq_len=${oc.env:HARNESS_TEST_UNSET}"], "train.seq_len"),  # was a 90-line interpolation error
+    (["++arm.name='${oc.env:HARNESS_TEST_UNSET}'"], "arm.name"),  # quoted: was a traceback naming the folder
     (["train.stepz=5"], "train.stepz"),  # was Hydra's 7-line error
     (["train.steps=["], "train.steps"),  # bad syntax
     (["logger=wandb", "arm.name=[1,2]"], "arm.name"),  # was launched, then pydantic raised in the W&B mirror

@@ -18,8 +18,10 @@ RESOLVER = "harness_dirname"
 MAX_BYTES = 200
 HASH_CHARS = 10
 # A value may hold what would make the name a path or unreadable: path separators, a parent step (`..`), NUL and
-# other control characters. Each becomes `%XX` (its code, as in a URL); `%` itself too, so no two lists share a name.
-_UNSAFE = re.compile(r"[%/\\\x00-\x1f\x7f]|\.(?=\.)")
+# other control characters, and `$`: Hydra stores the folder as hydra.runtime.output_dir, where a quoted value's
+# `${...}` would be resolved after all (a missing variable ended the driver in a traceback). Each becomes `%XX` (its
+# code, as in a URL); `%` itself too, so no two lists share a name.
+_UNSAFE = re.compile(r"[%$/\\\x00-\x1f\x7f]|\.(?=\.)")
 
 
 def safe_name(text: str) -> str:
