@@ -20,8 +20,8 @@ from matplotlib.transforms import blended_transform_factory, offset_copy
 from analysis.design import along_axis, design, format_value, is_missing, varies
 from analysis.layout import legend_below
 from analysis.load import GB, OK, load_sweep
-from analysis.plots import (PAPER_RC, Plot, annotate_failures, arm_style, concat_data, data_rows,
-                            doubling_axis, median_with_iqr, peak_reserved_with_spread, save_plot)
+from analysis.plots import (PAPER_RC, Plot, SeriesStyle, annotate_failures, arm_style, concat_data, data_rows,
+                            doubling_axis, median_with_iqr, peak_reserved_with_spread, save_plot, series_styles)
 from analysis.render import write_table
 from analysis.tables import (NOT_APPLICABLE, PEAK_RESERVED, STEP_TIME, TOKENS_PER_S, Table, aggregate_repeats,
                              axis_label, cell, display_frame, swept_axis, swept_values)
@@ -133,8 +133,8 @@ def throughput_until_oom(values: pd.DataFrame, axis: str, name: str, title: str,
     with mpl.rc_context(PAPER_RC):
         figure, ax = plt.subplots(figsize=FIGURE_SIZE, layout="constrained")
         data = _draw_ladder(ax, values, axis,
-                            lambda ok, series: median_with_iqr(ax, ok, series, "tokens_per_s", axis, TOKENS_PER_S,
-                                                               TOKENS_P25, TOKENS_P75),
+                            lambda ok, series, style: median_with_iqr(ax, ok, series, "tokens_per_s", axis,
+                                                                      TOKENS_PER_S, TOKENS_P25, TOKENS_P75, style),
                             lambda ok, x: _last_below(ok, axis, x))
         _annotate_other_failures(ax, values, axis, data, TOKENS_PER_S)
         _finish(figure, ax, values, axis, "throughput (tokens/s), final phase", title, xlabel)
@@ -147,7 +147,8 @@ def peak_reserved_plot(points: pd.DataFrame, size: float) -> Plot:
     values, axis = capacity_values(points, size)
     with mpl.rc_context(PAPER_RC):
         figure, ax = plt.subplots(figsize=FIGURE_SIZE, layout="constrained")
-        data = _draw_ladder(ax, values, axis, lambda ok, series: peak_reserved_with_spread(ax, ok, series, axis),
+        data = _draw_ladder(ax, values, axis,
+                            lambda ok, series, style: peak_reserved_with_spread(ax, ok, series, axis, style),
                             lambda ok, x: size)
         ax.axhline(size, color="black", linestyle="--", linewidth=0.8, label=f"emulated device ({size_text(size)})")
         data.append(pd.DataFrame({"series": ["emulated device"], "kind": "device", "x": math.nan, "y": size,
@@ -158,16 +159,18 @@ def peak_reserved_plot(points: pd.DataFrame, size: float) -> Plot:
     return Plot(f"capacity_peak_reserved_{_size_suffix(size)}", figure, concat_data(data))
 
 
-def _draw_ladder(ax, values: pd.DataFrame, axis: str, draw: Callable[[pd.DataFrame, str], pd.DataFrame],
+def _draw_ladder(ax, values: pd.DataFrame, axis: str,
+                 draw: Callable[[pd.DataFrame, str, SeriesStyle], pd.DataFrame],
                  oom_height: Callable[[pd.DataFrame, float], float | None]) -> list[pd.DataFrame]:
-    """Per series: its cells that ran, by draw(rows, series), and an x at its first OOM at oom_height(rows
-    that ran, x); returns what was drawn."""
+    """Per series: its cells that ran, by draw(rows, series, style), and an x at its first OOM at oom_height(rows
+    that ran, x); returns what was drawn. Series of one arm differ by marker and line (series_styles)."""
+    styles = series_styles(values)
     series_rows = [(series, rows, rows[rows["n_ok"] > 0]) for series, rows in values.groupby("series", sort=False)]
     first_ooms = [_first_oom(rows, axis, lambda x, ok=ok: oom_height(ok, x)) for _, rows, ok in series_rows]
     data = []
     for (series, rows, ok), first_oom, offset in zip(series_rows, first_ooms, _side_by_side(first_ooms)):
         if not ok.empty:
-            data.append(draw(ok, series))
+            data.append(draw(ok, series, styles[series]))
         if not first_oom.empty:
             _mark_first_oom(ax, first_oom.iloc[0], arm_style(rows["arm"].iloc[0])[0], offset)
         data.append(first_oom)

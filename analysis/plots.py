@@ -33,7 +33,7 @@ OTHER_ARM_STYLE = (Arm.display.colour, Arm.display.marker)
 # A second and later series of one arm keeps its colour and takes the next of these markers and line styles, so
 # series of one arm stay apart (one-point series by their marker); none is another arm's marker, and dashed and
 # dotted lines are left to the offloaded twin and the references.
-MORE_MARKERS = ("*", "P", "X", "h", "<", ">", "p", "d")
+MORE_MARKERS = ("*", "P", "h", "<", ">", "p", "d")  # no "x"/"X": an x marks a first OOM
 MORE_LINESTYLES = ("-.", (0, (5, 1, 1, 1, 1, 1)), "-")
 MORE_MARKER_SIZE = 7  # these markers fill less of their box than the arms' own
 BUDGET_COLUMNS = ("budget_gb", "budget_fraction", "margin")
