@@ -76,6 +76,7 @@ class SeriesStyle:
     colour: str
     marker: str
     linestyle: object = "-"
+    zorder: float = 2.0  # matplotlib's for lines; series_styles puts series of fewer points on top
 
     @property
     def markersize(self) -> float:
@@ -87,13 +88,16 @@ def series_styles(frame: pd.DataFrame) -> dict[str, SeriesStyle]:
     series the next of MORE_MARKERS and MORE_LINESTYLES, so that no two series of one arm look alike."""
     styles: dict[str, SeriesStyle] = {}
     per_arm: dict[str, int] = {}
+    sizes = frame["series"].value_counts()
     for series, arm in frame[["series", "arm"]].drop_duplicates("series").itertuples(index=False):
         colour, marker = arm_style(arm)
         position = per_arm[arm] = per_arm.get(arm, -1) + 1
         if position:
             marker = MORE_MARKERS[(position - 1) % len(MORE_MARKERS)]
+        # a series of few points drawn over one of many, so a lone point at a shared x is not hidden under a line
         styles[series] = SeriesStyle(colour, marker, "-" if not position else
-                                     MORE_LINESTYLES[(position - 1) % len(MORE_LINESTYLES)])
+                                     MORE_LINESTYLES[(position - 1) % len(MORE_LINESTYLES)],
+                                     zorder=2.0 + 1.0 / sizes[series])
     return styles
 
 
@@ -169,7 +173,7 @@ def median_with_iqr(ax, frame: pd.DataFrame, series: str, kind: str, x: str, y: 
     style = style or SeriesStyle(*arm_style(frame["arm"].iloc[0]))
     low, high = _iqr(frame, y, p25, p75)
     ax.errorbar(frame[x], frame[y], yerr=[low, high], color=style.colour, marker=style.marker,
-                markersize=style.markersize, linestyle=style.linestyle, label=series)
+                markersize=style.markersize, linestyle=style.linestyle, zorder=style.zorder, label=series)
     return data_rows(frame, kind, x, y, low, high)
 
 
@@ -274,7 +278,7 @@ def peak_reserved_with_spread(ax, frame: pd.DataFrame, series: str, x: str,
     high = list(frame[f"{PEAK_RESERVED}_max"] - frame[PEAK_RESERVED])
     ax.errorbar(frame[x], frame[PEAK_RESERVED] / GB, yerr=[[v / GB for v in low], [v / GB for v in high]],
                 color=style.colour, marker=style.marker, markersize=style.markersize, linestyle=style.linestyle,
-                label=series)
+                zorder=style.zorder, label=series)
     return data_rows(frame, "peak_reserved_gb", x, PEAK_RESERVED, low, high, scale=GB)
 
 
