@@ -53,22 +53,12 @@ def test_a_node_the_earlier_profile_lacks_reads_as_the_node_before_it():
     assert filled == before + [("prefetch_params_fused", 40, 0, 55), ("prefetch_params_fused_1", 45, 0, 60)]
 
 
-class Allocator:
-    """What torch.cuda.memory_allocated would read: selective gather allocates its buffers when it runs."""
-
-    def __init__(self):
-        self.bytes = 1_000
-
-    def __call__(self) -> int:
-        return self.bytes
-
-
-def composed_pass(tmp_path, compose: str, allocator: Allocator, budget: int) -> OffloadPass:
-    device = FakeDevice()
+def composed_pass(tmp_path, compose: str, device: FakeDevice, budget: int) -> OffloadPass:
+    """`device.allocated` is what the allocator reads: selective gather allocates its buffers when it runs."""
     runtime = OffloadRuntime(StateMover(device), "async", EmptyCachePolicy("never", device.empty_cache))
     return OffloadPass(runtime, FakeZero3Optimizer(), budget, "asap", PlanFiles(str(tmp_path)),
                        device_total_bytes=10_000, current_phase=lambda: 1, writes_files=lambda: True,
-                       compose=compose, measure_allocated=allocator)
+                       compose=compose)
 
 
 def run_graph(offload_pass: OffloadPass, results: dict, gm, bwd: bool, before: dict, after: dict,
@@ -92,11 +82,12 @@ def test_the_plan_counts_what_prefetch_and_selective_gather_hold(tmp_path, compo
     fwd_before, bwd_before = synthetic_peaks(fwd, bwd=False), synthetic_peaks(bwd, bwd=True)
     gathers = compose == "prefetch_selective_gather"
     gathered = 30 if gathers else 0
-    allocator, budget = Allocator(), 330
-    offload_pass, results = composed_pass(tmp_path, compose, allocator, budget), {}
+    device, budget = FakeDevice(), 330
+    device.allocated = 1_000
+    offload_pass, results = composed_pass(tmp_path, compose, device, budget), {}
 
     def selective_gather_runs():
-        allocator.bytes += gathered
+        device.allocated += gathered
 
     # prefetch raises forward's profiled peak by 40 and backward's by 10; the gathered buffers show in backward
     run_graph(offload_pass, results, fwd, False, fwd_before, {name: peak + 40 for name, peak in fwd_before.items()})
@@ -117,7 +108,7 @@ def test_the_plan_counts_what_prefetch_and_selective_gather_hold(tmp_path, compo
 
 def test_without_composition_the_profile_has_no_held_bytes(tmp_path):
     fwd, bwd = traced_graphs()
-    offload_pass, results = composed_pass(tmp_path, "none", Allocator(), 330), {}
+    offload_pass, results = composed_pass(tmp_path, "none", FakeDevice(), 330), {}
     for gm, is_bwd in ((fwd, False), (bwd, True)):
         peaks = synthetic_peaks(gm, is_bwd)
         results[7] = profiling_result_for(gm, peaks, is_bwd, results.get(7))

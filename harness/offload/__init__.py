@@ -177,7 +177,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
         release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg),
         reduce_buckets=reduce_buckets(engine), budget_rule=offload_cfg["budget_rule"],
         accumulation_recv_bytes=accumulation_recv_bytes(engine),
-        compose=offload_cfg["compose"], measure_allocated=lambda: int(torch.cuda.memory_allocated()))
+        compose=offload_cfg["compose"])
     schedule.register_passes(engine, offload_pass)
     global _installed
     _installed = offload_pass

@@ -86,8 +86,7 @@ class OffloadPass:
                  files: PlanFiles, device_total_bytes: int, current_phase: Callable[[], int],
                  writes_files: Callable[[], bool] = _is_rank0, release_policy: str = "recorded",
                  cap_bytes: int | None = None, reduce_buckets: tuple[int, int] = (0, 0),
-                 budget_rule: str = "deepspeed", accumulation_recv_bytes: int = 0, compose: str = "none",
-                 measure_allocated: Callable[[], int] = lambda: 0):
+                 budget_rule: str = "deepspeed", accumulation_recv_bytes: int = 0, compose: str = "none"):
         self.runtime = runtime
         self.zero_optimizer = zero_optimizer
         self.budget_bytes = budget_bytes
@@ -109,7 +108,6 @@ class OffloadPass:
         self.accumulation_recv_bytes = accumulation_recv_bytes  # backward's extra with gradient accumulation
         self._steady_step: dict | None = None  # the last steady step's record before the first plan
         self.compose = compose  # DeepCompile's passes between before_compose and plan (schedule.COMPOSED_PASSES)
-        self.measure_allocated = measure_allocated  # the allocator's allocated bytes now
         self._before: dict[tuple[int, bool], tuple[list, bool, int]] = {}  # (graph, bwd) -> records, complete, allocated
         self._held = {"prefetch_bytes": 0, "gathered_bytes": 0}  # this phase's, measured across the composed passes
 
@@ -129,7 +127,7 @@ class OffloadPass:
     def before_compose(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
                        mem_budget, param_manager, bwd: bool) -> None:
         mem, complete = memory_records(profiling_results, graph_id, bwd)
-        self._before[(graph_id, bwd)] = (mem, complete, self.measure_allocated())
+        self._before[(graph_id, bwd)] = (mem, complete, self.runtime.mover.device.allocated_bytes())
         return None
 
     def plan(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
@@ -164,7 +162,7 @@ class OffloadPass:
         gather's buffers were allocated before DeepCompile re-profiled the graph, so they are in its readings too:
         they come off the rise before it counts as prefetch's."""
         before_mem, before_complete, allocated = before
-        gathered = max(0, self.measure_allocated() - allocated) if "selective_gather" in self.compose else 0
+        gathered = max(0, self.runtime.mover.device.allocated_bytes() - allocated) if "selective_gather" in self.compose else 0
         self._held["gathered_bytes"] += gathered
         if complete and before_complete and mem and before_mem:
             rise = max(record[3] for record in mem) - max(record[3] for record in before_mem) - gathered

@@ -100,7 +100,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, NoReturn
 
 from harness.contract.errors import ConfigError
-from harness.offload.profile import (Profile, Task, byte_count, calibrate, expect, load_profile, missing_readings,
+from harness.offload.profile import (Profile, Task, byte_count, expect, load_profile, missing_readings,
                                      parse_profile)
 from harness.contract.schema import OffloadConfig, choices
 from harness.contract.units import GB
@@ -443,12 +443,11 @@ def _budget_from_args(args: argparse.Namespace) -> int:
     return _gb_to_bytes(args.budget_gb, "offload.budget_gb")
 
 
-def _plan_from_args(args: argparse.Namespace, profile: dict) -> Plan:
-    """The plan the pass would make; on a profile without the step model's readings only a budget sized as
-    DeepSpeed's pass sizes it (placed on the profile as read), without a predicted peak or feasibility."""
+def _plan_from_args(args: argparse.Namespace, profile: dict, missing: tuple[str, ...]) -> Plan:
+    """The plan the pass would make; on a profile without the step model's readings (`missing`) only a budget
+    sized as DeepSpeed's pass sizes it (placed on the profile as read), without a predicted peak or feasibility."""
     has_budget = args.budget_gb is not None or args.budget_bytes is not None
     sized_as_deepspeed = has_budget and args.budget_rule == "deepspeed"
-    missing = missing_readings(profile)
     expect(sized_as_deepspeed or not missing, "profile",
            f"{args.profile} has no {' or '.join(missing)} (recorded before the step model): the device rule and "
            "--budget-rule step_model plan by the peak it predicts; plan a budget sized as DeepSpeed's pass (--budget-gb)")
@@ -487,11 +486,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("one of --budget-gb, --budget-bytes, --device-gb is required")
     try:
         profile = load_profile(args.profile)
-        plan = _plan_from_args(args, profile)
+        missing = missing_readings(profile)
+        plan = _plan_from_args(args, profile, missing)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
-    missing = missing_readings(profile)
     if missing:
         print(f"warning: {args.profile} has no {' or '.join(missing)} (recorded before the step model): placed as "
               "DeepSpeed's pass places it; peak and feasibility not predicted (null)", file=sys.stderr)
