@@ -117,6 +117,18 @@ def test_wrong_typed_step_values_are_skipped_with_one_line_naming_the_file(tmp_p
     assert sweep.steps["step"].tolist() == [0, 4]
 
 
+def test_numbers_too_large_for_a_float_are_skipped_not_raised(tmp_path):
+    run_dir = tmp_path / write_point(tmp_path, 0, phase_times=[(1.0, 0.5, 0.4, 0.6, 0.5)])
+    steps_file = run_dir / "steps.jsonl"
+    rows = [json.loads(line) for line in steps_file.read_text().splitlines()]
+    rows[1]["step_time_s"] = 10 ** 400  # math.isfinite raises OverflowError on it
+    rows[2]["peak_reserved_bytes"] = -(10 ** 400)
+    steps_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    sweep = load_sweep(tmp_path)
+    assert [problem.line() for problem in sweep.problems] == [f"warning: {steps_file}: unreadable line(s) 2, 3 skipped"]
+    assert sweep.steps["step"].tolist() == [0, 3, 4]
+
+
 def test_bench_refuses_a_missing_dir_in_one_line(tmp_path, capsys):
     assert bench.main([str(tmp_path / "nonexistent")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'nonexistent'}: not a directory\n"

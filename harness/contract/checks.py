@@ -18,8 +18,14 @@ LARGEST_MAGNITUDE = 1e12
 
 
 def is_finite_number(value) -> bool:
-    """An int or float that is not a bool, NaN or infinite (a GB amount from a YAML file or a command line)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """An int or float that is not a bool, NaN or infinite (a GB amount from a YAML file or a command line); an
+    int too large for a float is not one (math.isfinite raises OverflowError on it)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def is_usable_number(value) -> bool:

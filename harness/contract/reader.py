@@ -214,7 +214,11 @@ def read_summary(summary_file: Path) -> Mapping[str, Any]:
 
 
 def _is_number_or_null(value: Any) -> bool:
-    return value is None or isinstance(value, (int, float))  # NaN too: a diverged loss is a result
+    """null, true/false, any float (NaN too: a diverged loss is a result), or an int a float holds (the analysis
+    computes in floats: a larger one would raise there)."""
+    if value is None or isinstance(value, (bool, float)):
+        return True
+    return isinstance(value, int) and is_finite_number(value)
 
 
 def _numbers_only(block: Mapping[str, Any]) -> bool:
