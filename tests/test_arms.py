@@ -193,6 +193,19 @@ def test_a_target_is_looked_up_never_imported_unless_the_driver_admits_it(monkey
     assert "not a subclass of harness.arms.Arm" in admitted.value.message  # ...and still refuses a non-arm
 
 
+
+def test_a_lookup_never_imports_the_handed_class_only_the_rank_admits_it(monkeypatch):
+    target = "harness_planted_nowhere_handed.Arm"  # no such module: an import would raise ModuleNotFoundError
+    monkeypatch.setenv(arms.ADMITTED_ENV, target)
+    with pytest.raises(ConfigError) as unknown:  # a reader in a process that has the variable still only looks up
+        arms.class_of({TARGET: target, "name": "zero3"})
+    assert "unknown arm class" in unknown.value.message
+    arms.admit_handed({TARGET: "json.JSONDecoder"})  # a class the driver did not hand over is left alone
+    assert "json.JSONDecoder" not in arms.registry._admitted
+    with pytest.raises(ConfigError) as handed:  # the rank imports the handed class its config names
+        arms.admit_handed({TARGET: target})
+    assert "harness_planted_nowhere_handed" in handed.value.message
+
 HALVES = """
 from dataclasses import dataclass
 

@@ -8,8 +8,8 @@ analysis shows it. DeepSpeed and torch are imported only inside the methods that
 `harness bench` and analysis import this package without them.
 """
 from harness.arms.base import Arm, BenchRole, CompiledArm, Display, EagerArm, OffloadPassArm
-from harness.arms.registry import (ADMITTED_ENV, TARGET, admit, arm_names, class_of, from_config, handed_to_ranks,
-                                   registered)
+from harness.arms.registry import (ADMITTED_ENV, TARGET, admit, admit_handed, arm_names, class_of, from_config,
+                                   handed_to_ranks, registered)
 
 __all__ = ["ADMITTED_ENV", "TARGET", "Arm", "BenchRole", "CompiledArm", "Display", "EagerArm", "OffloadPassArm",
-           "admit", "arm_names", "class_of", "from_config", "handed_to_ranks", "registered"]
+           "admit", "admit_handed", "arm_names", "class_of", "from_config", "handed_to_ranks", "registered"]

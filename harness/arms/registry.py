@@ -83,6 +83,14 @@ def admit(arm_cfg: Mapping[str, Any]) -> None:
         _admitted[target] = _import_class(target)
 
 
+def admit_handed(arm_cfg: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> None:
+    """A rank's arm: import the class its driver admitted and handed it (ADMITTED_ENV), where its config names that
+    class; nothing else. Only the rank calls this, so every other lookup stays a lookup."""
+    target = arm_cfg.get(TARGET) if isinstance(arm_cfg, Mapping) else None
+    if isinstance(target, str) and target and target == environ.get(ADMITTED_ENV) and _known(target) is None:
+        _admitted[target] = _import_class(target)
+
+
 def handed_to_ranks(arm_cfg: Mapping[str, Any]) -> str | None:
     """The class the driver admitted for this config, which its ranks must admit too (None for a known arm)."""
     target = arm_cfg.get(TARGET)
@@ -90,13 +98,11 @@ def handed_to_ranks(arm_cfg: Mapping[str, Any]) -> str | None:
 
 
 def _known(target: str) -> type[Arm] | None:
-    """The known class a dotted path names, without importing anything it names (the ranks import the one class
-    their driver handed them)."""
+    """The known class a dotted path names, without importing anything it names (a rank imports the one class its
+    driver handed it, admit_handed)."""
     for arm_class in registered().values():
         if dotted_path(arm_class) == target:
             return arm_class
-    if target not in _admitted and target == os.environ.get(ADMITTED_ENV):
-        _admitted[target] = _import_class(target)
     return _admitted.get(target)
 
 

@@ -293,6 +293,7 @@ def oom_details(error: BaseException, position: Position, env_cfg: dict) -> dict
 def main(argv: list[str] | None = None) -> None:
     run_dir = Path((argv or sys.argv[1:])[0])
     cfg = runfiles.read_config(run_dir)
+    arms.admit_handed(cfg["arm"])  # an arm class outside the registry, which the driver admitted for this point
     position = Position()
     try:
         run(cfg, run_dir, position)
