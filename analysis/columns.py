@@ -69,17 +69,15 @@ def config_row(config: Mapping[str, Any], override_keys: Iterable[str] = (),
     overrides = overrides or {}
     row = {column: cell_value(lookup(config, key, BEFORE_THE_KEY.get(key))) for key, column in CONFIG_COLUMNS.items()}
     arm = config.get("arm") if isinstance(config.get("arm"), Mapping) else {}
-    covered = set(CONFIG_COLUMNS)
     knobs = arm_knobs(config)
     for knob, value in arm.items():
-        covered.add(f"arm.{knob}")
         if knob not in ("name", TARGET) and not isinstance(value, Mapping) and (knobs is None or knob in knobs):
             row[f"arm_{knob}"] = cell_value(value)  # TARGET names the arm's class
     for key in override_keys:
         value = lookup(config, key, MISSING)
         # A Mapping is a named group (arm=zero3 -> arm.name); an arm.<key> is the arm's knob (arm_<knob>, above) or,
         # for another arm or a key its class lacks, none of this point's.
-        if key in covered or key.startswith("arm.") or isinstance(value, Mapping):
+        if key in CONFIG_COLUMNS or key.startswith("arm.") or isinstance(value, Mapping):
             continue
         row[key] = overrides.get(key) if value is MISSING else cell_value(value)
     return offload_as_the_arm_read_it(row, config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from harness.contract.steps import summarize_phases
-from harness.rank.monitor import SEGMENT_PEAKS, MemoryMonitor
+from harness.rank.monitor import SEGMENTS, MemoryMonitor
 
 
 def row(step, phase_step, time, traced=False, reserved=10):
@@ -85,4 +85,4 @@ def test_segment_peaks_have_steady_per_phase_maxima_and_a_cpu_monitor_reports_no
     assert phase["fwd_bwd_peak_allocated_bytes"]["steady_max"] == 6
     assert phase["opt_step_peak_allocated_bytes"]["steady_max"] is None
     stats = MemoryMonitor(torch.device("cpu")).step_stats()
-    assert all(stats[key] is None for key in SEGMENT_PEAKS)
+    assert all(stats[f"{segment}_peak_allocated_bytes"] is None for segment in SEGMENTS)

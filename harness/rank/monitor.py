@@ -11,7 +11,6 @@ from harness.contract import steps
 # The step's segments the monitor reads peaks for, in order: forward + backward (to engine.backward's return),
 # then the optimizer step. Every arm's step record has `<segment>_peak_allocated_bytes`.
 SEGMENTS = ("fwd_bwd", "opt_step")
-SEGMENT_PEAKS = tuple(f"{segment}_peak_allocated_bytes" for segment in SEGMENTS)
 
 
 def physical_total_bytes(device: torch.device) -> int | None:
