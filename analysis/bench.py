@@ -40,15 +40,22 @@ def load_points(sweep_dirs: list[Path], problems: list[Problem] | None = None) -
         files = reader.read_sweep(sweep_dir)
         if problems is not None:
             problems.extend(files.problems)
-        for point in files.points:
-            config = point.config
-            points.append({"arm": config["arm"]["name"], "role": bench_role(config),
-                           "budget_gb": _number_or_none(lookup(config, "offload.budget_gb", None)),
-                           "offload": _section(lookup(config, "offload", None)), "summary": point.summary,
-                           "idle": idle_knobs(config),
-                           "reserved_cap_gb": lookup(config, "env.reserved_cap_gb", None),
-                           "device_memory_gb": lookup(config, "env.device_memory_gb", None),
-                           "rows": point.steps, "run_dir": Path(sweep_dir) / point.run_dir})
+        points.extend(points_of(sweep_dir, files))
+    return points
+
+
+def points_of(sweep_dir: Path, files: reader.SweepFiles) -> list[dict]:
+    """The points of one sweep's run files as the reader read them."""
+    points = []
+    for point in files.points:
+        config = point.config
+        points.append({"arm": config["arm"]["name"], "role": bench_role(config),
+                       "budget_gb": _number_or_none(lookup(config, "offload.budget_gb", None)),
+                       "offload": _section(lookup(config, "offload", None)), "summary": point.summary,
+                       "idle": idle_knobs(config),
+                       "reserved_cap_gb": lookup(config, "env.reserved_cap_gb", None),
+                       "device_memory_gb": lookup(config, "env.device_memory_gb", None),
+                       "rows": point.steps, "run_dir": Path(sweep_dir) / point.run_dir})
     return points
 
 
@@ -185,9 +192,14 @@ def report(points: list[dict]) -> str:
 def comparisons(sweep_dirs: list[Path]) -> str:
     """Our pass over the other arms, each ratio with its interval and how it reads (analysis/measurement.py)."""
     from analysis.load import load_sweeps
+
+    return comparison_lines(load_sweeps(sweep_dirs))
+
+
+def comparison_lines(sweep) -> str:
+    """comparisons() of sweeps already loaded (analysis.load.Sweep)."""
     from analysis.measurement import comparison_table
 
-    sweep = load_sweeps(sweep_dirs)
     rows = comparison_table(sweep.points, sweep.steps).values.to_dict("records")
     lines = ["== step time of our pass over the others: ratio [95% interval], n = runs × measured steps"]
     lines += [f"  {row['point']} / {row['against']}: {row['ratio']:.3f}× [{row['ci95_low']:.3f}, "
@@ -204,14 +216,18 @@ def main(argv: list[str] | None = None) -> int:
         if not sweep_dir.is_dir():
             print(f"error: {sweep_dir}: not a directory", file=sys.stderr)
             return 2
-    problems: list[Problem] = []
-    points = load_points(sweep_dirs, problems)
-    for problem in problems:
-        print(problem.line(), file=sys.stderr)
+    from analysis.load import combined, sweep_of
+
+    read = [(sweep_dir, reader.read_sweep(sweep_dir)) for sweep_dir in sweep_dirs]  # each sweep read once
+    for _, files in read:
+        for problem in files.problems:
+            print(problem.line(), file=sys.stderr)
+    points = [point for sweep_dir, files in read for point in points_of(sweep_dir, files)]
     if not points:
         print(f"error: {', '.join(map(str, sweep_dirs))}: no readable points", file=sys.stderr)
         return 1
-    print("\n".join(filter(None, [report(points), comparisons(sweep_dirs)])))
+    sweep = combined([sweep_of(sweep_dir, files) for sweep_dir, files in read])
+    print("\n".join(filter(None, [report(points), comparison_lines(sweep)])))
     return 0
 
 

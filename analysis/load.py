@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.columns import cell_value, config_row, recorded_auto_rule, summary_row
-from harness.contract.reader import Problem, RunFiles, read_sweep
+from harness.contract.reader import Problem, RunFiles, SweepFiles, read_sweep
 from harness.contract.runfiles import job_order
 from harness.contract.statuses import OK
 from harness.contract.units import GB
@@ -44,7 +44,10 @@ class Sweep:
 
 def load_sweeps(sweep_dirs: Iterable[str | Path]) -> Sweep:
     """Several sweeps as one: rows keep their `sweep` column."""
-    sweeps = [load_sweep(sweep_dir) for sweep_dir in sweep_dirs]
+    return combined([load_sweep(sweep_dir) for sweep_dir in sweep_dirs])
+
+
+def combined(sweeps: list[Sweep]) -> Sweep:
     return Sweep(
         points=_concat([sweep.points for sweep in sweeps]),
         steps=_concat([sweep.steps for sweep in sweeps]),
@@ -54,8 +57,11 @@ def load_sweeps(sweep_dirs: Iterable[str | Path]) -> Sweep:
 
 def load_sweep(sweep_dir: str | Path) -> Sweep:
     """All points of one Hydra multirun dir (or of a single run dir)."""
-    sweep_dir = Path(sweep_dir)
-    files = read_sweep(sweep_dir)
+    return sweep_of(Path(sweep_dir), read_sweep(sweep_dir))
+
+
+def sweep_of(sweep_dir: Path, files: SweepFiles) -> Sweep:
+    """The rows of a sweep's run files as the reader read them."""
     # Every point gets a column for any key overridden anywhere in the sweep, so the column can vary.
     override_keys = list(dict.fromkeys(key for point in files.overrides.values() for key in _override_values(point)))
     rows, step_frames = [], []
