@@ -95,11 +95,8 @@ def _flags(group: pd.DataFrame, runs: Sequence[Sequence[float]], spread: float |
 def measurement_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     """Per design point: runs, measured steps per run, the estimate (median over runs of each run's median) with its
     95% interval, the spread between repeats ((max - min) / estimate of the run medians), and flags."""
-    points_design = design(points)
-    times = measured_times(points, steps)
     rows, lines = [], []
-    for row, group in _design_points(points, points_design):
-        runs = _runs(group, times)
+    for row, label, group, runs in runs_by_design_point(points, steps):
         estimate = stats.median_of_runs(runs) if runs else None
         interval = stats.runs_interval(runs)
         medians = [float(pd.Series(run).median()) for run in runs]
@@ -108,7 +105,7 @@ def measurement_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
         rows.append({**row, "n_runs": len(group), "n_ok": len(runs), "failed": failed, "measured": _counts(runs),
                      "step_time_s": estimate, "ci95_low": interval and interval[0],
                      "ci95_high": interval and interval[1], "repeat_spread": spread})
-        lines.append({("", "arm"): points_design.label(row), ("", "runs"): f"{len(runs)}/{len(group)} ok",
+        lines.append({("", "arm"): label, ("", "runs"): f"{len(runs)}/{len(group)} ok",
                       ("", "measured"): _counts(runs),
                       ("", "s/step"): format_number(estimate) if runs else failed or NOT_APPLICABLE,
                       ("", "95% interval"): _interval_text(interval),
@@ -138,23 +135,21 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     """Our pass over DeepSpeed's pass (same workload, limits and budget) and over DeepCompile without offload (same
     workload and limits): the ratio of their step-time estimates, its 95% two-level bootstrap interval, runs × the
     fewest measured steps of a run, and how it reads (faster, slower, no difference)."""
-    points_design = design(points)
-    times = measured_times(points, steps)
-    design_points = [(row, _runs(group, times)) for row, group in _design_points(points, points_design)]
+    design_points = [(row, label, runs) for row, label, _, runs in runs_by_design_point(points, steps)]
     ours = arm_names(lambda arm: arm.bench_role == BenchRole.OURS)
     rows, lines = [], []
     for role, shared in comparison_pairs(points):
         bases = arm_names(lambda arm, role=role: arm.bench_role == role)
-        for row, runs in design_points:
+        for row, label, runs in design_points:
             if row["arm"] not in ours:
                 continue
-            for base, base_runs in design_points:
+            for base, base_label, base_runs in design_points:
                 if base["arm"] not in bases or _context(row, shared) != _context(base, shared):
                     continue
                 ratio = stats.ratio_interval(runs, base_runs)
                 if ratio is None:
                     continue
-                labels = {"point": points_design.label(row), "against": points_design.label(base)}
+                labels = {"point": label, "against": base_label}
                 rows.append({**labels, "ratio": ratio.ratio, "ci95_low": ratio.low, "ci95_high": ratio.high,
                              "runs": ratio.sizes, "reads": ratio.verdict})
                 lines.append({("", "point"): labels["point"], ("", "against"): labels["against"],
