@@ -41,17 +41,18 @@ STATUS_OF_ENDED_JOB = {"CANCELLED": "preempted", "PREEMPTED": "preempted", FORGO
                        "TIMEOUT": "timeout", "DEADLINE": "timeout"}
 
 
-def requeue_parameter(requeue: bool) -> dict[str, bool]:
-    """The sbatch flag for launcher.requeue."""
-    return {"requeue": True} if requeue else {"no-requeue": True}
+def with_requeue(params: dict[str, Any], requeue: bool) -> dict[str, Any]:
+    """`params` with the sbatch flag for launcher.requeue among its additional parameters."""
+    flag = {"requeue": True} if requeue else {"no-requeue": True}
+    return {**params, "additional_parameters": {**(params.get("additional_parameters") or {}), **flag}}
 
 
 def executor_parameters(launcher_params: Mapping[str, Any], requeue: bool) -> dict[str, Any]:
     """hydra.launcher's keys as submitit's AutoExecutor takes them (SLURM-only keys prefixed `slurm_`), with
     the requeue flag among the sbatch parameters."""
     shared = set(OmegaConf.structured(BaseQueueConf).keys())
-    params = {key: value for key, value in launcher_params.items() if key not in ("submitit_folder", "max_num_timeout")}
-    params["additional_parameters"] = {**(params.get("additional_parameters") or {}), **requeue_parameter(requeue)}
+    params = with_requeue({key: value for key, value in launcher_params.items()
+                           if key not in ("submitit_folder", "max_num_timeout")}, requeue)
     return {key if key in shared else f"slurm_{key}": value for key, value in params.items()}
 
 

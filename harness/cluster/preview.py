@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.contract import runfiles
-from harness.cluster.launcher import requeue_parameter
+from harness.cluster.launcher import with_requeue
 from harness.cluster.nodes import expand_nodelist, node_command, this_node
 from harness.driver.compose import compose_point, sweep_points
 from harness.contract.errors import ConfigError
@@ -24,8 +24,8 @@ def sbatch_script(launcher_params: Mapping[str, Any], n_points: int, python: str
     rendered by submitit's own template from the resolved hydra.launcher section and launcher.requeue."""
     from submitit.slurm import slurm as submitit_slurm
 
-    params = {k: v for k, v in launcher_params.items() if k not in ("_target_", "max_num_timeout")}
-    params["additional_parameters"] = {**(params.get("additional_parameters") or {}), **requeue_parameter(requeue)}
+    params = with_requeue({k: v for k, v in launcher_params.items() if k not in ("_target_", "max_num_timeout")},
+                          requeue)
     folder = params.pop("submitit_folder")
     renames = submitit_slurm.SlurmExecutor._equivalence_dict()
     args = {renames.get(k, k): v for k, v in params.items()}

@@ -142,12 +142,12 @@ def report_failure(result: LaunchResult, run_dir: Path, place: NodePlace, log_na
     if result.returncode == 0 or result.stopped_as or result.timed_out:
         return
     died = not result.stalled  # else the harness stopped the ranks
-    if died:
-        launch.record_killed_ranks(run_dir, log_name, f"node {place.node_rank} ({socket.gethostname()})")
+    killed = launch.record_killed_ranks(run_dir, log_name, f"node {place.node_rank} ({socket.gethostname()})") \
+        if died else {}
     if peers is None or result.peer_failure:
         return
     write_node_failure(run_dir, place, result.returncode)
-    if died and place.primary and not launch.killed_ranks(run_dir / log_name):
+    if died and place.primary and not killed:
         result.peer_failure = await_peer_failure(peers)
 
 

@@ -244,13 +244,16 @@ def killed_ranks(log_path: Path) -> dict[int, str]:
     return killed
 
 
-def record_killed_ranks(run_dir: Path, log_name: str, node: str) -> None:
+def record_killed_ranks(run_dir: Path, log_name: str, node: str) -> dict[int, str]:
     """A rank killed by a signal writes no error file: its node's driver writes one from torchrun's report
-    (`node` says where, e.g. "node 1 (gpu02)"), so the node that records the point sees the cause too."""
-    for rank, name in killed_ranks(run_dir / log_name).items():
+    (`node` says where, e.g. "node 1 (gpu02)"), so the node that records the point sees the cause too. Returns
+    the killed ranks (rank -> signal name)."""
+    killed = killed_ranks(run_dir / log_name)
+    for rank, name in killed.items():
         path = run_dir / runfiles.rank_error(rank)
         if not path.exists():
             runfiles.write_json(path, {"kind": "killed", "rank": rank, "message": f"killed by {name} on {node}"})
+    return killed
 
 
 def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wanted: int) -> tuple[str, str | None]:
