@@ -52,9 +52,9 @@ _execute_child = subprocess.Popen._execute_child
 
 
 def _execute_child_outside_the_fast_tier(self, args, *rest, **kwargs):
-    """The fast tier (`pytest -m "not slow"`) stays fast: a test that starts Python in a subprocess (the driver,
-    a CLI, a notebook's kernel), in its body or in a fixture it sets up, must be marked `slow`, and fails here
-    if it is not. Patched on Popen's class, so modules that imported Popen by name are guarded too."""
+    """The fast tier (`pytest -m "not slow and not gpu"`) stays fast: a test that starts Python in a subprocess
+    (the driver, a CLI, a notebook's kernel), in its body or in a fixture it sets up, must be marked `slow` (or
+    `gpu`: that tier runs on a GPU machine alone), and fails here if it is not. Patched on Popen's class, so modules that imported Popen by name are guarded too."""
     if FAST_TEST and starts_python(args):
         pytest.fail(f"{FAST_TEST[0]} starts Python in a subprocess ({args!r:.120}): mark it slow", pytrace=False)
     return _execute_child(self, args, *rest, **kwargs)
@@ -65,7 +65,7 @@ subprocess.Popen._execute_child = _execute_child_outside_the_fast_tier
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if not item.get_closest_marker("slow"):
+    if not (item.get_closest_marker("slow") or item.get_closest_marker("gpu")):
         FAST_TEST.append(item.nodeid)
     try:
         yield
