@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from analysis.design import Design, along_axis, design, format_value, is_idle, is_missing, varies
+from analysis.design import Design, along_axis, design, format_value, is_missing, varies
 from analysis.layout import legend_below, wrap
 from analysis.load import GB, OK
 from analysis.render import to_csv
@@ -36,7 +36,6 @@ OTHER_ARM_STYLE = (Arm.display.colour, Arm.display.marker)
 MORE_MARKERS = ("*", "P", "h", "<", ">", "p", "d")  # no "x"/"X": an x marks a first OOM
 MORE_LINESTYLES = ("-.", (0, (5, 1, 1, 1, 1, 1)), "-")
 MORE_MARKER_SIZE = 7  # these markers fill less of their box than the arms' own
-BUDGET_COLUMNS = ("budget_gb", "budget_fraction", "margin")
 OFFLOADED_STYLE = {"linestyle": "--", "markerfacecolor": "none"}  # GB offloaded per step, beside the step time
 FAILURE_FONTSIZE = 6
 FAILURE_TEXT_WIDTH_PT = 110  # about a third of a figure's axes
@@ -194,15 +193,13 @@ def _budget_points(points: pd.DataFrame, values: list[str]) -> tuple[pd.DataFram
 
 
 def budget_swept(points: pd.DataFrame) -> bool:
-    """Whether the offload arms' points were given more than one budget: a budget in GB or as a fraction, or none
-    (the margin or our pass's device rule then makes one, tables.budget_source). With one budget for all (the
-    capacity campaign's margin rule; 11 GB for both passes) the figures against the budget would stack every point
-    at one x."""
-    offload = with_budget_source(points[points["arm"].isin(OFFLOAD_ARMS)])
-    columns = [column for column in (*BUDGET_COLUMNS, BUDGET_SOURCE) if column in offload]
-    given = {tuple(format_value(None if is_idle(value) else value) for value in row)
-             for row in offload[columns].itertuples(index=False)}
-    return len(given) > 1
+    """Whether some series of the figures against the budget holds more than one budget: a budget in GB or as a
+    fraction, or none (the margin or our pass's device rule then makes one, tables.budget_source). With one budget
+    per series (11 GB for both passes; the capacity campaign's auto budgets, one per arm and length) the figures
+    would draw lone points whose x says nothing the tables do not."""
+    ok, failed, _ = _budget_points(points, [STEP_TIME])
+    offload = pd.concat([ok, failed])
+    return bool(not offload.empty and (offload.groupby("series")["budget_resolved_gb"].nunique() > 1).any())
 
 
 def step_time_vs_budget(points: pd.DataFrame) -> Plot:

@@ -178,7 +178,7 @@ def test_transfers_table_lists_only_points_that_measured_their_copies():
 
     from analysis.tables import has_transfers, transfers_table
 
-    sweep = load_sweep(Path(__file__).resolve().parents[1] / "results" / "pass_at_limit" / "sweep")
+    sweep = load_sweep(Path(__file__).resolve().parents[1] / "results" / "capacity" / "sweep")
     measured = sweep.points[sweep.points["final_offload_stall_s_median"].notna()]
     assert has_transfers(sweep.points) and 0 < len(measured) < len(sweep.points)  # deepcompile has no copies
     table = transfers_table(sweep.points)
