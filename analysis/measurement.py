@@ -4,15 +4,18 @@
 with a 95% bootstrap interval, the spread between repeats, and what makes it suspect (too few measured steps, an
 unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload and budget, and over
 DeepCompile without offload at one workload, as a ratio of those medians with a two-level bootstrap interval
-(harness/contract/stats.py); an interval that holds 1 reads "no difference".
+(harness/contract/stats.py); an interval that holds 1 reads "no difference". `retry_table`: what the allocator's
+retries cost per design point, the slope of step time on retries per step.
 """
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from analysis.design import Design, design, format_value, is_missing
 from analysis.load import OK
@@ -27,19 +30,23 @@ BUDGET_COLUMNS = ("budget_gb", "budget_fraction")
 LIMIT_COLUMNS = ("env.reserved_cap_gb",)  # an allocator ceiling inside the (emulated) device, where swept
 
 
-def measured_times(points: pd.DataFrame, steps: pd.DataFrame) -> dict[tuple[str, str], list[float]]:
-    """(sweep, run_dir) -> the step times of an ok point's measured final-phase steps: past the compile step and
-    the point's warm-up steps (none in runs recorded before the protocol), not slowed by a debug trace."""
+def measured_steps(points: pd.DataFrame, steps: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
+    """(sweep, run_dir) -> the rows of an ok point's measured final-phase steps: past the compile step and the
+    point's warm-up steps (none in runs recorded before the protocol), not slowed by a debug trace."""
     if steps.empty:
         return {}
     traced = steps["traced"].fillna(False).astype(bool) if "traced" in steps else False
     out = {}
     for point in points[points["status"] == OK].to_dict("records"):
         warmup = 0 if is_missing(point.get("warmup_steps")) else int(point["warmup_steps"])
-        mine = steps[(steps["sweep"] == point["sweep"]) & (steps["run_dir"] == point["run_dir"])
-                     & (steps["phase"] == point["final_phase"]) & (steps["phase_step"] > warmup) & ~traced]
-        out[(point["sweep"], point["run_dir"])] = mine["step_time_s"].astype(float).tolist()
+        out[(point["sweep"], point["run_dir"])] = steps[
+            (steps["sweep"] == point["sweep"]) & (steps["run_dir"] == point["run_dir"])
+            & (steps["phase"] == point["final_phase"]) & (steps["phase_step"] > warmup) & ~traced]
     return out
+
+
+def _times(run: pd.DataFrame) -> list[float]:
+    return run["step_time_s"].astype(float).tolist()
 
 
 def _design_points(points: pd.DataFrame, points_design: Design) -> list[tuple[dict, pd.DataFrame]]:
@@ -50,19 +57,27 @@ def _design_points(points: pd.DataFrame, points_design: Design) -> list[tuple[di
     return [groups[position] for position in order.index]
 
 
-def _runs(group: pd.DataFrame, times: Mapping[tuple[str, str], list[float]]) -> list[list[float]]:
+def _runs(group: pd.DataFrame, measured: Mapping[tuple[str, str], pd.DataFrame]) -> list[pd.DataFrame]:
     ok = group[group["status"] == OK]
-    return [times[(sweep, run_dir)] for sweep, run_dir in zip(ok["sweep"], ok["run_dir"]) if (sweep, run_dir) in times]
+    return [measured[(sweep, run_dir)] for sweep, run_dir in zip(ok["sweep"], ok["run_dir"])
+            if (sweep, run_dir) in measured]
+
+
+def steps_by_design_point(points: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[dict, str, pd.DataFrame,
+                                                                                     list[pd.DataFrame]]]:
+    """Per design point, in the tables' order: a representative row, its label, its runs (every status) and the
+    measured steps of each ok run."""
+    points_design = design(points)
+    measured = measured_steps(points, steps)
+    return [(row, points_design.label(row), group, _runs(group, measured))
+            for row, group in _design_points(points, points_design)]
 
 
 def runs_by_design_point(points: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[dict, str, pd.DataFrame,
                                                                                     list[list[float]]]]:
-    """Per design point, in the tables' order: a representative row, its label, its runs (every status) and the
-    measured step times of each ok run, as measurement_table estimates from them."""
-    points_design = design(points)
-    times = measured_times(points, steps)
-    return [(row, points_design.label(row), group, _runs(group, times))
-            for row, group in _design_points(points, points_design)]
+    """`steps_by_design_point` with each ok run's measured step times, as measurement_table estimates from them."""
+    return [(row, label, group, [_times(run) for run in runs])
+            for row, label, group, runs in steps_by_design_point(points, steps)]
 
 
 def _counts(runs: Sequence[Sequence[float]]) -> str:
@@ -162,3 +177,94 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                                        ("", "runs × steps"), ("", "reads")]),
                  caption="Step time of the point over that of the point it is set against (< 1: faster), each the "
                          "median over runs of each run's median; a 95% bootstrap interval over runs, then steps.")
+
+
+RETRIES = "alloc_retries"
+RETRY_VALUES = ("steps", "steps_recorded", "steps_retried", "retries_median", "fewest_retries", "steps_at_fewest",
+                "step_time_s_at_fewest", "step_time_s", "retry_cost_s", "retry_cost_ci95_low", "retry_cost_ci95_high")
+RETRY_COUNTS = ("steps", "steps_recorded", "steps_retried", "steps_at_fewest")
+
+
+def _retries(run: pd.DataFrame) -> list[float]:
+    """A run's retries per step, NaN where the step has none recorded (a CPU run, a run before the counter)."""
+    return run[RETRIES].astype(float).tolist() if RETRIES in run else [math.nan] * len(run)
+
+
+def retry_cost(retries: pd.Series, times: pd.Series) -> tuple[float, float, float] | None:
+    """Seconds a retry adds to a step with its 95% interval: the Theil-Sen slope of step time on retries per step,
+    which a few slow steps do not drag; None where retries do not vary, so no slope can be told."""
+    if retries.nunique() < 2:
+        return None
+    slope, _, low, high = scipy_stats.theilslopes(times.to_numpy(), retries.to_numpy(), alpha=0.95)
+    return float(slope), float(low), float(high)
+
+
+def retry_values(runs: Sequence[pd.DataFrame]) -> dict[str, float | None]:
+    """RETRY_VALUES over a design point's measured steps, its runs pooled (what a retry costs is a property of the
+    point's steps, not of a run); None where no step was measured, the retry columns None where none recorded one."""
+    times = pd.Series([seconds for run in runs for seconds in _times(run)], dtype=float)
+    retries = pd.Series([count for run in runs for count in _retries(run)], dtype=float)
+    values: dict[str, float | None] = dict.fromkeys(RETRY_VALUES)
+    if times.empty:
+        return values
+    values.update(steps=len(times), step_time_s=float(times.median()))
+    recorded = retries.notna()
+    if not recorded.any():
+        return values
+    retries, times = retries[recorded], times[recorded]
+    fewest = retries == retries.min()
+    cost = retry_cost(retries, times)
+    values.update(steps_recorded=len(retries), steps_retried=int((retries > 0).sum()),
+                  retries_median=float(retries.median()), fewest_retries=float(retries.min()),
+                  steps_at_fewest=int(fewest.sum()), step_time_s_at_fewest=float(times[fewest].median()))
+    if cost is not None:
+        values.update(retry_cost_s=cost[0], retry_cost_ci95_low=cost[1], retry_cost_ci95_high=cost[2])
+    return values
+
+
+def _ms(seconds: float) -> str:
+    return format_number(seconds * 1000)
+
+
+def _retry_cells(values: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """The cells that need recorded retries (none, so "-", where no measured step recorded them), and the cost per
+    retry only where retries varied."""
+    if values["steps_recorded"] is None:
+        return {}
+    at_fewest = values["steps_at_fewest"]
+    cells = {("", "retried"): f"{values['steps_retried']}/{values['steps_recorded']}",
+             ("", "retries/step"): format_number(values["retries_median"]),
+             ("", "fewest retries"): f"{format_number(values['fewest_retries'])} "
+                                     f"({at_fewest} step{'' if at_fewest == 1 else 's'})",
+             ("", "s/step at fewest"): format_number(values["step_time_s_at_fewest"])}
+    if values["retry_cost_s"] is not None:
+        cells[("", "ms/retry")] = _ms(values["retry_cost_s"])
+        cells[("", "95% interval")] = f"[{_ms(values['retry_cost_ci95_low'])}, {_ms(values['retry_cost_ci95_high'])}]"
+    return cells
+
+
+RETRY_COLUMNS = [("", name) for name in ("arm", "runs", "measured", "retried", "retries/step", "fewest retries",
+                                         "s/step at fewest", "s/step", "ms/retry", "95% interval")]
+
+
+def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
+    """Per design point: how many of its measured steps the allocator retried on, the median retries per step, step
+    time on the steps with the fewest retries and on all, and what one retry costs (ms, with its 95% interval)."""
+    rows, lines = [], []
+    for row, label, group, runs in steps_by_design_point(points, steps):
+        values = retry_values(runs)
+        failed = failed_statuses(group["status"])
+        rows.append({**row, "n_runs": len(group), "n_ok": len(runs), "failed": failed, "measured": _counts(runs),
+                     **values})
+        lines.append({("", "arm"): label, ("", "runs"): f"{len(runs)}/{len(group)} ok",
+                      ("", "measured"): _counts(runs),
+                      ("", "s/step"): format_number(values["step_time_s"]) if runs else failed or NOT_APPLICABLE,
+                      **_retry_cells(values)})
+    values = pd.DataFrame(rows)
+    counts = {name: "Int64" for name in RETRY_COUNTS if name in values}  # whole numbers, also beside a missing one
+    return Table("retries", values.astype(counts), display_frame(lines, RETRY_COLUMNS),
+                 caption="Allocator retries on the final phase's measured steps, the runs of a point pooled (a retry "
+                         "is a device synchronize, a flush of every cached block and a new cudaMalloc). s/step: "
+                         "medians over the steps with the fewest retries and over all. ms/retry: the Theil-Sen "
+                         "slope of step time on retries per step with its 95% interval (scipy.stats.theilslopes); "
+                         "'-' where retries do not vary within the point.")

@@ -14,12 +14,13 @@ import yaml
 
 from analysis import plots
 from analysis.load import load_sweep
+from analysis.measurement import retry_table
 from analysis.render import write_table
 from analysis.report import NOTEBOOKS, main
 from analysis.tables import budget_table, format_number, memory_table, policies_table, throughput_table
 
 FIXTURE = Path(__file__).resolve().parents[1] / "analysis" / "fixtures" / "sweep"
-TABLES = ("throughput", "memory", "policies", "budget")
+TABLES = ("throughput", "memory", "policies", "budget", "retries")
 # The fixture sweeps the micro-batch and the budget, so it gets every figure; per-step panels are diagnostics.
 FIGURES = ("throughput_vs_micro_batch", "step_time_vs_budget", "peak_reserved_vs_budget",
            "diagnostics/step_time_s_per_step", "diagnostics/peak_reserved_bytes_per_step")
@@ -130,7 +131,7 @@ def test_report_files_equal_the_library_output_byte_for_byte(report, tmp_path):
     *_, out_dir = report
     sweep = load_sweep(FIXTURE)
     for table in (throughput_table(sweep.points), memory_table(sweep.points), policies_table(sweep.points),
-                  budget_table(sweep.points)):
+                  budget_table(sweep.points), retry_table(sweep.points, sweep.steps)):
         for path in write_table(table, tmp_path):
             assert path.read_bytes() == (out_dir / "tables" / path.name).read_bytes(), path.name
     for plot, folder in ((plots.throughput_vs_micro_batch(sweep.points), "figures"),

@@ -18,6 +18,7 @@
 # repeats lie apart, and what makes it suspect), then what the comparisons between arms can claim: our pass over
 # DeepSpeed's pass at one budget and over DeepCompile without offload, each a ratio with its interval. Where the
 # points of two arms or more share one workload and budget, a figure draws them side by side with those intervals.
+# Last, what one allocator retry costs each point.
 
 # %% tags=["parameters"]
 sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<timestamp>
@@ -25,7 +26,7 @@ out_dir = "report"
 
 # %%
 from analysis import plots
-from analysis.measurement import comparison_table, measurement_table
+from analysis.measurement import comparison_table, measurement_table, retry_table
 from analysis.notebook import open_report
 
 report = open_report(sweep_dir, out_dir)
@@ -38,6 +39,15 @@ report = open_report(sweep_dir, out_dir)
 
 # %%
 report.table(measurement_table(report.points, report.steps))
+
+# %% [markdown]
+# Allocator retries: a retry is a device synchronize, a flush of every cached block and a new cudaMalloc, so steps
+# that retry more are slower, and at a memory limit they are the main source of step-time noise. Per point, the
+# steps that retried, step time on the steps with the fewest retries and on all, and what one retry costs (the
+# Theil-Sen slope of step time on retries per step, "-" where retries do not vary).
+
+# %%
+report.table(retry_table(report.points, report.steps))
 
 # %%
 comparisons = comparison_table(report.points, report.steps)
