@@ -75,10 +75,13 @@ def driver_verdict(overrides: list[str]) -> str | None:
     assert "/" not in folder and "\x00" not in folder and ".." not in folder and len(folder.encode()) < 255, folder
     with open_dict(cfg):
         del cfg["hydra"]
+    known, unresolved = app.resolved_or_written(cfg)
     try:
-        config = app.checked_config(cfg, PLACE)
+        if unresolved is not None:
+            raise unresolved
+        config = app.checked_config(known, PLACE)
     except ConfigError as error:
-        app.build_summary(app.resolved_or_written(cfg), "config_error", str(error), [], 0.0, {})  # still recorded
+        app.build_summary(known, "config_error", str(error), [], 0.0, {})  # still recorded
         return f"config error: {error}"
     cmd, env = nodes.node_command(config, Path("/run dir"), PLACE)  # what Popen gets: text without NUL
     assert all(isinstance(part, str) and "\x00" not in part for part in [*cmd, *env.values()])

@@ -164,9 +164,8 @@ def drive(cfg: DictConfig) -> str:
     return status
 
 
-def checked_config(cfg: DictConfig, place: nodes.NodePlace) -> dict:
-    """The point's config resolved and checked as the driver launches it; ConfigError naming the key at fault."""
-    config = compose.resolve(cfg)
+def checked_config(config: dict, place: nodes.NodePlace) -> dict:
+    """The point's resolved config checked as the driver launches it; ConfigError naming the key at fault."""
     arms.admit(config.get("arm"))  # the arm this command line names; readers of the run dir never import it
     validate(config, _gpu_count())
     check_emulated_size(config["env"], _device_total_bytes())
@@ -174,22 +173,25 @@ def checked_config(cfg: DictConfig, place: nodes.NodePlace) -> dict:
     return config
 
 
-def resolved_or_written(cfg: DictConfig) -> dict:
-    """The config resolved where it resolves, else as written (to record a point whose resolving failed)."""
+def resolved_or_written(cfg: DictConfig) -> tuple[dict, ConfigError | None]:
+    """The config resolved, or, where it does not resolve, as written (to record the point) with the ConfigError
+    naming the key that failed."""
     try:
-        return compose.resolve(cfg)
-    except ConfigError:
-        return OmegaConf.to_container(cfg)
+        return compose.resolve(cfg), None
+    except ConfigError as error:
+        return OmegaConf.to_container(cfg), error
 
 
 def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     """Validate, run and record one point (node 0 records it); returns its status."""
-    known = resolved_or_written(cfg)
+    known, unresolved = resolved_or_written(cfg)
     if place.primary:
         start_attempt(run_dir, cfg)
         write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(known))
     try:
-        config = checked_config(cfg, place)
+        if unresolved is not None:
+            raise unresolved
+        config = checked_config(known, place)
     except ConfigError as error:
         console.error(f"config error: {error}")
         if place.primary:
