@@ -90,8 +90,7 @@ def recorded_auto_rule(config: Mapping[str, Any], plan_rule: str | None, planned
     known = arm_class(config)
     offload = config.get("offload")
     if not planned or known is None or "auto_rule" not in known.offload_keys or not isinstance(offload, Mapping) \
-            or lookup(config, AUTO_RULE, MISSING) is not MISSING \
-            or offload.get("budget_gb") is not None or offload.get("budget_fraction") is not None:
+            or lookup(config, AUTO_RULE, MISSING) is not MISSING or schema.budget_given(offload):
         return config
     rule = "device_limit" if plan_rule == "device_limit" else "margin"
     return {**config, "offload": {**offload, "auto_rule": rule}}

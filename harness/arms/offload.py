@@ -21,7 +21,7 @@ class Offload(OffloadPassArm):
         from harness import offload as our_pass
 
         values = {key: offload.get(key) for key in cls.offload_keys}
-        if values["budget_gb"] is not None or values["budget_fraction"] is not None:
+        if schema.budget_given(values):
             return ("auto_rule",)
         return ("budget_rule",) if our_pass.uses_device_rule(values) else ()
 

@@ -80,8 +80,7 @@ def uses_device_rule(offload_cfg: dict) -> bool:
     """No budget given and `auto_rule=device_limit`: our pass plans the least offload predicted to fit the device
     (emulated or real) less the allocator overhead measured on the run (plan.plan_for_device), instead of
     DeepSpeed's total x (1 - margin), which `auto_rule=margin` keeps."""
-    no_budget = offload_cfg["budget_gb"] is None and offload_cfg["budget_fraction"] is None
-    return no_budget and offload_cfg["auto_rule"] == "device_limit"
+    return not schema.budget_given(offload_cfg) and offload_cfg["auto_rule"] == "device_limit"
 
 
 def counters() -> dict:

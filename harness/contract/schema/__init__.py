@@ -17,11 +17,11 @@ from harness.contract.errors import ConfigError
 
 from harness.contract.schema.fields import columns, check_fields, check_value, choices, refuse_unknown_keys, rules
 from harness.contract.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
-                                   ModelConfig, OffloadConfig, SweepConfig, TrainConfig)
+                                   ModelConfig, OffloadConfig, SweepConfig, TrainConfig, budget_given)
 
 __all__ = ["GROUPS", "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",
            "LauncherConfig", "LoggerConfig", "SweepConfig", "check_group", "check_values", "check_rules",
-           "choices", "config_columns", "pass_knobs"]
+           "budget_given", "choices", "config_columns", "pass_knobs"]
 
 GROUPS: dict[str, type[Group]] = {
     "model": ModelConfig, "train": TrainConfig, "offload": OffloadConfig, "launcher": LauncherConfig,

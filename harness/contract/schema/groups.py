@@ -110,6 +110,12 @@ class BudgetConfig(Group):
             raise ConfigError("offload.budget_gb", "set at most one of offload.budget_gb and offload.budget_fraction")
 
 
+def budget_given(offload: Mapping[str, Any]) -> bool:
+    """Whether the offload group gives a budget (offload.budget_gb or .budget_fraction set); without one, the auto
+    rule decides. A key missing (a run recorded before it) reads as null."""
+    return offload.get("budget_gb") is not None or offload.get("budget_fraction") is not None
+
+
 @dataclass(frozen=True)
 class OffloadConfig(BudgetConfig):
     """The offload group: the budget, then our pass's knobs (arm=offload; DeepSpeed's pass has them hard-wired)."""
