@@ -90,7 +90,6 @@ def test_one_node_points_stay_standalone_or_take_a_free_localhost_port():
     ({"nnodes": 2, "rdzv_backend": "static"}, nodes.NodePlace(0, 3, ("a", "b", "c"), job_id="5"), "launcher.nnodes"),
     ({"nnodes": 2, "rdzv_backend": None}, nodes.NodePlace(0, 2, ("a", "b"), job_id="5"), "launcher.rdzv_backend"),
     ({"nnodes": 2, "rdzv_backend": "c10d"}, nodes.NodePlace(0, 2, ("a", "b"), job_id="5"), "launcher.rdzv_backend"),
-    ({"nnodes": 1, "rdzv_backend": "etcd"}, nodes.NodePlace(0, 1, ("h",)), "launcher.rdzv_backend"),
 ])
 def test_impossible_allocations_name_their_key(launcher, place, key):
     with pytest.raises(ConfigError) as err:

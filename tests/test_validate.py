@@ -63,6 +63,7 @@ def refusal(*overrides: str) -> ConfigError:
     ("train.torch_adam=maybe", "train.torch_adam"),
     ("train.dtype=fp8", "train.dtype"),
     ("logger.mode=loud", "logger.mode"),
+    ("launcher.rdzv_backend=etcd", "launcher.rdzv_backend"),  # the schema's choice; the node count's rule: nodes.py
     ("arm.phase_starts=[0,x]", "arm.phase_starts"),
     ("model.config.tie_word_embeddings=1", "model.config.tie_word_embeddings"),
 ])

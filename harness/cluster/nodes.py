@@ -102,14 +102,10 @@ def this_node(environ: Mapping[str, str] = os.environ, nnodes: int | None = None
 
 # --- how this node joins the point's ranks ------------------------------------------------------------
 
-RENDEZVOUS_BACKENDS = (None, "c10d", "static")
-
-
 def check_allocation(launcher: Mapping[str, Any], place: NodePlace) -> None:
-    """A multi-node point needs the static rendezvous and a SLURM job with exactly its node count."""
+    """A multi-node point needs the static rendezvous and a SLURM job with exactly its node count (the schema
+    has refused any other backend already)."""
     backend, nnodes = launcher.get("rdzv_backend"), launcher["nnodes"]
-    if backend not in RENDEZVOUS_BACKENDS:
-        raise ConfigError("launcher.rdzv_backend", f"must be null (standalone), c10d or static, got {backend!r}")
     if nnodes == 1:
         return
     if backend != "static":

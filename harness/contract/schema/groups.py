@@ -146,7 +146,7 @@ class LauncherConfig(Group):
     nnodes: Annotated[int, POSITIVE_INT, COLUMN]
     timeout_s: Annotated[float, POSITIVE]
     stall_timeout_s: Annotated[Optional[float], POSITIVE]
-    rdzv_backend: Optional[str]
+    rdzv_backend: Optional[Literal["c10d", "static"]]  # null: torchrun --standalone
     rdzv_endpoint: Optional[str]
     rdzv_port: Annotated[Optional[int], Number(low=1, high=65535, integer=True), SOMETIMES]
     dist_timeout_min: Annotated[Optional[float], POSITIVE, SOMETIMES]
