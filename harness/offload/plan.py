@@ -100,8 +100,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, NoReturn
 
 from harness.contract.errors import ConfigError
-from harness.offload.profile import (Profile, Task, byte_count, expect, load_profile, missing_readings,
-                                     parse_profile)
+from harness.offload.profile import (Profile, Task, byte_count, expect, for_planning, load_profile,
+                                     missing_readings, parse_profile, read_profile)
 from harness.contract.schema import OffloadConfig, choices
 from harness.contract.units import GB
 
@@ -312,12 +312,13 @@ def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: s
     release only) and where in backward to reload them. `cap_bytes` defaults to the budget."""
     # Placed on the profile as read, as DeepSpeed's pass places (both offload comparable bytes at one budget);
     # the predicted peak comes from the step model calibrated to the running step.
-    parsed = parse_profile(profile, calibrated=False)
+    read = read_profile(profile)
+    as_profiled, as_running = for_planning(read, calibrated=False), for_planning(read)
     byte_count(budget_bytes, "offload.budget_bytes")
     cap_bytes = budget_bytes if cap_bytes is None else byte_count(cap_bytes, "offload.peak_cap_bytes")
     _check_policies(reload, release)
-    n_resident = count_resident(parsed.tasks, budget_bytes, parsed.forward_peak_bytes)
-    plan = _plan_keeping(parsed, n_resident, cap_bytes, reload, release, predict_on=parse_profile(profile))
+    n_resident = count_resident(as_profiled.tasks, budget_bytes, as_profiled.forward_peak_bytes)
+    plan = _plan_keeping(as_profiled, n_resident, cap_bytes, reload, release, predict_on=as_running)
     return dataclasses.replace(plan, budget_bytes=budget_bytes, feasible=plan.predicted_peak_bytes <= budget_bytes,
                                rule="budget")
 

@@ -193,7 +193,20 @@ def _parse_tasks(tasks: Any) -> tuple[Task, ...]:
 
 def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
     """Validate a profile dict (profile.json format); raise ConfigError naming the first bad key. The nodes come back
-    calibrated to the step as it runs (see `calibrate`), or as profiled."""
+    calibrated to the step as it runs (see `calibrate`), or as profiled; either way holding what the composed passes
+    hold (`hold`)."""
+    return for_planning(read_profile(profile), calibrated)
+
+
+def for_planning(read: Profile, calibrated: bool = True) -> Profile:
+    """A profile as read_profile returns it, with the node peaks a plan is made on (parse_profile's); one read gives
+    both kinds (make_plan places on the peaks as profiled and predicts on the calibrated ones)."""
+    return hold(calibrate(read) if calibrated else read)
+
+
+def read_profile(profile: Any) -> Profile:
+    """The profile dict validated as parse_profile validates it, its nodes as profiled: neither calibrated nor
+    holding what the composed passes hold (for_planning adds both)."""
     profile = mapping(profile, "profile")
     nodes_by_graph: dict[tuple[int, bool], list[Node]] = {}
     graph_index: dict[tuple[int, bool], int] = {}
@@ -216,11 +229,10 @@ def parse_profile(profile: Any, calibrated: bool = True) -> Profile:
     outside = 0
     if measured is not None and "start_alloc_bytes" in first_graph:
         outside = max(0, first_graph["start_alloc_bytes"] - measured)
-    parsed = Profile(nodes, _parse_tasks(profile.get("tasks")), outside, measured,
-                     profile.get("step_transient_bytes") or 0, profile.get("reduce_bucket_bytes") or 0,
-                     profile.get("measured_fwd_bwd_peak_bytes"), profile.get("accumulation_recv_bytes") or 0,
-                     profile.get("prefetch_bytes") or 0, profile.get("gathered_bytes") or 0)
-    return hold(calibrate(parsed) if calibrated else parsed)
+    return Profile(nodes, _parse_tasks(profile.get("tasks")), outside, measured,
+                   profile.get("step_transient_bytes") or 0, profile.get("reduce_bucket_bytes") or 0,
+                   profile.get("measured_fwd_bwd_peak_bytes"), profile.get("accumulation_recv_bytes") or 0,
+                   profile.get("prefetch_bytes") or 0, profile.get("gathered_bytes") or 0)
 
 
 def hold(profile: Profile) -> Profile:
