@@ -211,7 +211,10 @@ def plan_file_text(records: Mapping[int, PlanRecord]) -> str:
 
 
 def read_plan_file(text: str) -> dict[int, PlanRecord]:
-    """plan.json by phase, either layout."""
+    """plan.json by phase, either layout: the inverse of plan_file_text, whole plans back as the pass wrote them
+    (the tests' round trip and their reading of what the pass planned). Readers of a run dir use
+    harness.contract.reader.read_plan instead: the rule and budget alone, a bad file one warning, and no import of
+    this package (the contract's floor is below the offload pass)."""
     data = json.loads(text)
     if "phase" in data:
         return {data["phase"]: PlanRecord.from_dict(data)}
