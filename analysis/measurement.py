@@ -107,6 +107,21 @@ def _flags(group: pd.DataFrame, runs: Sequence[Sequence[float]], spread: float |
     return ", ".join(flags) or NOT_APPLICABLE
 
 
+def _point_head(row: Mapping[str, Any], label: str, group: pd.DataFrame,
+                runs: Sequence[Sequence]) -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
+    """What every per-design-point table opens with: the values (the point, its runs, how many ok, the failed
+    statuses, the measured steps) and the cells (arm, runs, measured)."""
+    values = {**row, "n_runs": len(group), "n_ok": len(runs), "failed": failed_statuses(group["status"]),
+              "measured": _counts(runs)}
+    cells = {("", "arm"): label, ("", "runs"): f"{len(runs)}/{len(group)} ok", ("", "measured"): values["measured"]}
+    return values, cells
+
+
+def _step_time_cell(seconds: float | None, head: Mapping[str, Any]) -> str:
+    """A point's step time, or, with no ok run, its failed statuses."""
+    return format_number(seconds) if head["n_ok"] else head["failed"] or NOT_APPLICABLE
+
+
 def measurement_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     """Per design point: runs, measured steps per run, the estimate (median over runs of each run's median) with its
     95% interval, the spread between repeats ((max - min) / estimate of the run medians), and flags."""
@@ -116,13 +131,10 @@ def measurement_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
         interval = stats.runs_interval(runs)
         medians = [float(pd.Series(run).median()) for run in runs]
         spread = (max(medians) - min(medians)) / estimate if len(runs) > 1 else None
-        failed = failed_statuses(group["status"])
-        rows.append({**row, "n_runs": len(group), "n_ok": len(runs), "failed": failed, "measured": _counts(runs),
-                     "step_time_s": estimate, "ci95_low": interval and interval[0],
+        values, cells = _point_head(row, label, group, runs)
+        rows.append({**values, "step_time_s": estimate, "ci95_low": interval and interval[0],
                      "ci95_high": interval and interval[1], "repeat_spread": spread})
-        lines.append({("", "arm"): label, ("", "runs"): f"{len(runs)}/{len(group)} ok",
-                      ("", "measured"): _counts(runs),
-                      ("", "s/step"): format_number(estimate) if runs else failed or NOT_APPLICABLE,
+        lines.append({**cells, ("", "s/step"): _step_time_cell(estimate, values),
                       ("", "95% interval"): _interval_text(interval),
                       ("", "repeats apart"): NOT_APPLICABLE if spread is None else f"{spread:.1%}",
                       ("", "flags"): _flags(group, runs, spread)})
@@ -252,14 +264,10 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     time on the steps with the fewest retries and on all, and what one retry costs (ms, with its 95% interval)."""
     rows, lines = [], []
     for row, label, group, runs in steps_by_design_point(points, steps):
+        head, cells = _point_head(row, label, group, runs)
         values = retry_values(runs)
-        failed = failed_statuses(group["status"])
-        rows.append({**row, "n_runs": len(group), "n_ok": len(runs), "failed": failed, "measured": _counts(runs),
-                     **values})
-        lines.append({("", "arm"): label, ("", "runs"): f"{len(runs)}/{len(group)} ok",
-                      ("", "measured"): _counts(runs),
-                      ("", "s/step"): format_number(values["step_time_s"]) if runs else failed or NOT_APPLICABLE,
-                      **_retry_cells(values)})
+        rows.append({**head, **values})
+        lines.append({**cells, ("", "s/step"): _step_time_cell(values["step_time_s"], head), **_retry_cells(values)})
     values = pd.DataFrame(rows)
     counts = {name: "Int64" for name in RETRY_COUNTS if name in values}  # whole numbers, also beside a missing one
     return Table("retries", values.astype(counts), display_frame(lines, RETRY_COLUMNS),
