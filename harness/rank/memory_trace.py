@@ -7,7 +7,11 @@ to the run dir:
   the device memory newly mapped during the step, grouped by the code that asked for it; and the peak of freed
   bytes the allocator could not reuse yet (blocks freed while another stream's work on them was still pending,
   i.e. `record_stream`): the memory a host running ahead of the device makes the pool grow by, with the frees
-  pending at that peak grouped by the code that freed them.
+  pending at that peak grouped by the code that freed them;
+- and, for each allocator retry during the step (`allocator_retries`), the request that missed, on which stream,
+  and what the pool held just before the flush, per stream: mapped, live, deferred and cached-free bytes, so a
+  reader can tell deferred frees, fragmentation, another stream's cache and a request too large for the headroom
+  apart.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ MAX_ENTRIES = 500_000           # allocator actions kept; beyond it torch drops 
 GROWTH_ACTIONS = ("segment_alloc", "segment_map")     # new device memory (cudaMalloc, or expandable mapping)
 SHRINK_ACTIONS = ("segment_free", "segment_unmap")
 TOP_SITES = 12
+TOP_RETRIES = 20                # a step with more retries than this already says enough
 
 
 def start(device) -> None:
@@ -123,11 +128,176 @@ def deferred_frees(trace: list[dict], top: int = TOP_SITES) -> tuple[int, list[d
     return peak, _by_site(at_peak.values(), top)
 
 
+# How each action moves the pool's (mapped, live, deferred) bytes, per byte of its size. A free_completed always
+# ends a deferred free, its free_requested seen in the trace or not: replaying backwards from the true end state
+# needs no special case for blocks freed before the trace began (the forward replay above does, as it starts from
+# an unknown state).
+POOL_DELTAS = {"alloc": (0, 1, 0), "free_requested": (0, -1, 1), "free_completed": (0, 0, -1),
+               "segment_alloc": (1, 0, 0), "segment_map": (1, 0, 0),
+               "segment_free": (-1, 0, 0), "segment_unmap": (-1, 0, 0)}
+
+
+def flush_bursts(trace: list[dict]) -> list[tuple[int, int]]:
+    """(first index, last index + 1) of each maximal run of consecutive segment_free/segment_unmap entries."""
+    bursts: list[tuple[int, int]] = []
+    for index, entry in enumerate(trace):
+        if entry["action"] not in SHRINK_ACTIONS:
+            continue
+        if bursts and bursts[-1][1] == index:
+            bursts[-1] = (bursts[-1][0], index + 1)
+        else:
+            bursts.append((index, index + 1))
+    return bursts
+
+
+def _stack(entry: dict) -> list:
+    return entry.get("frames", [])
+
+
+def retry_request(trace: list[dict], burst: tuple[int, int]) -> int | None:
+    """The index of the request a flush burst was a retry for, or None where the burst was no retry. One malloc call
+    records all its entries with its own stack, so a retry's burst is followed, past the new mappings it makes room
+    for, by the alloc (or the oom, when the retry failed too) with the burst's stack; torch.cuda.empty_cache()'s
+    burst has the stack of its call. Without stacks recorded, every burst followed so counts."""
+    index = burst[1]
+    while index < len(trace) and trace[index]["action"] in GROWTH_ACTIONS:
+        index += 1
+    if (index < len(trace) and trace[index]["action"] in ("alloc", "oom")
+            and _stack(trace[index]) == _stack(trace[burst[0]])):
+        return index
+    return None
+
+
+def retry_flushes(trace: list[dict]) -> list[tuple[int, int, int]]:
+    """(burst start, burst end, request index) of each flush burst that was an allocator retry, in order."""
+    found = []
+    for burst in flush_bursts(trace):
+        request = retry_request(trace, burst)
+        if request is not None:
+            found.append((*burst, request))
+    return found
+
+
+def _completes_a_plain_free(trace: list[dict], index: int) -> bool:
+    """Whether trace[index] (a free_completed) is the second half of a free no stream held: right after its own
+    free_requested, with the same stack (a deferred free completed later carries the completing call's stack)."""
+    previous = trace[index - 1] if index > 0 else None
+    return (previous is not None and previous["action"] == "free_requested"
+            and previous.get("addr") == trace[index].get("addr") and _stack(previous) == _stack(trace[index]))
+
+
+def flush_start(trace: list[dict], burst_start: int) -> int:
+    """Where the flush before `burst_start` began. The allocator synchronizes before it frees its cache, and that
+    completes every free still waiting on another stream: free_completed entries right before the burst (with the
+    malloc's stack). The pool as the missed request found it is the state before them. (The same malloc's first
+    look at finished events writes the same entries; the trace cannot tell those apart: they count as deferred.)"""
+    index = burst_start
+    while (index > 0 and trace[index - 1]["action"] == "free_completed"
+           and not _completes_a_plain_free(trace, index - 1)):
+        index -= 1
+    return index
+
+
+def end_pool(segments: list[dict]) -> dict[int, list[int]]:
+    """Per stream, [mapped, live, deferred] bytes at the snapshot (the trace's end)."""
+    pool: dict[int, list[int]] = {}
+    for segment in segments:
+        row = pool.setdefault(segment["stream"], [0, 0, 0])
+        row[0] += segment["total_size"]
+        row[1] += segment["allocated_size"]
+        row[2] += segment["active_size"] - segment["allocated_size"]
+    return pool
+
+
+def pools_before(trace: list[dict], segments: list[dict], indices: Iterable[int]) -> dict[int, dict[int, list[int]]]:
+    """Per index, the pool per stream ([mapped, live, deferred] bytes) just before trace[index]: the end state less
+    the deltas of trace[index:]. Backwards, because the trace starts mid-run (and torch drops its oldest entries)
+    while the snapshot's segments give the true end. Trace sizes are requested sizes and the segments' are block
+    sizes (rounded up), so live and deferred bytes are approximate by that rounding for blocks that cross `index`."""
+    wanted = set(indices)
+    earliest = min(wanted, default=len(trace))  # nothing before it is needed
+    pool = end_pool(segments)
+    found: dict[int, dict[int, list[int]]] = {}
+    for index in range(len(trace) - 1, earliest - 1, -1):
+        entry = trace[index]
+        delta = POOL_DELTAS.get(entry["action"])
+        if delta:
+            row = pool.setdefault(entry.get("stream", 0), [0, 0, 0])
+            for field, sign in enumerate(delta):
+                row[field] -= sign * entry["size"]
+        if index in wanted:
+            found[index] = {stream: list(row) for stream, row in pool.items()}
+    return found
+
+
+def _pool_row(mapped: int, live: int, deferred: int) -> dict[str, int]:
+    return {"mapped_bytes": mapped, "live_bytes": live, "deferred_bytes": deferred,
+            "cached_free_bytes": mapped - live - deferred}
+
+
+def pool_table(pool: dict[int, list[int]]) -> dict:
+    """A pool as JSON rows: per stream (streams holding nothing left out, largest mapped first) and in total."""
+    rows = [{"stream": stream, **_pool_row(*row)} for stream, row in pool.items() if any(row)]
+    total = _pool_row(*(sum(row[field] for row in pool.values()) for field in range(3)))
+    return {"streams": sorted(rows, key=lambda row: -row["mapped_bytes"]), "total": total}
+
+
+def missed_request(entry: dict, index: int, skip_prefix: str) -> dict:
+    """The request a retry was for, as JSON."""
+    return {"index": index, "bytes": entry["size"], "stream": entry.get("stream", 0),
+            "where": where(_stack(entry), skip_prefix), "oom": entry["action"] == "oom"}
+
+
+def retry_reading(missed: dict, before: dict) -> str:
+    """One word for why the request missed (see allocator_retries)."""
+    size, rows = missed["bytes"], before["streams"]
+    own_cache = sum(row["cached_free_bytes"] for row in rows if row["stream"] == missed["stream"])
+    if before["total"]["deferred_bytes"] >= size:
+        return "deferred"
+    if own_cache >= size:
+        return "fragmentation"
+    if before["total"]["cached_free_bytes"] >= size:
+        return "other_stream"
+    return "headroom"
+
+
+def allocator_retries(trace: list[dict], segments: list[dict], top: int = TOP_RETRIES) -> list[dict]:
+    """The first `top` allocator retries in the trace, in order. A retry is an alloc the pool could not serve with
+    no room left to map more: the allocator synchronizes (completing frees that waited on other streams), frees
+    every wholly free cached segment -- a burst of consecutive segment_free/segment_unmap entries -- and maps again
+    (`retry_request` tells such a burst from an empty_cache's). A retry that found no whole segment to free leaves
+    no burst and is not seen; with max_split_size_mb or garbage_collection_threshold set, the allocator's partial
+    releases inside a malloc look like retries and count as such.
+
+    Per retry: `index` (the burst's first entry), `missed` (the request: index, bytes, stream, code site, whether it
+    ended in an oom), `before` (the pool per stream and in total just before the flush: mapped, live, deferred =
+    freed but awaiting another stream's work, cached_free = mapped - live - deferred), `released_bytes` (what the
+    burst unmapped) and `reading`, the first that holds of:
+    - "deferred": the deferred bytes alone would have held the request (record_stream frees not yet reusable);
+    - "fragmentation": the cache on the request's own stream would have, but no free block there was large enough;
+    - "other_stream": the cache of all streams together would have: it needed other streams' cache (a stream
+      cannot use another's blocks);
+    - "headroom": none of these: the live bytes leave too little room under the limit."""
+    flushes = retry_flushes(trace)[:top]
+    starts = [flush_start(trace, first) for first, _, _ in flushes]
+    pools = pools_before(trace, segments, starts)
+    skip_prefix = torch_package_dir() if flushes else ""
+    retries = []
+    for (first, end, request), start in zip(flushes, starts):
+        missed = missed_request(trace[request], request, skip_prefix)
+        before = {"index": start, **pool_table(pools[start])}
+        retries.append({"index": first, "missed": missed, "before": before,
+                        "released_bytes": sum(entry["size"] for entry in trace[first:end]),
+                        "reading": retry_reading(missed, before)})
+    return retries
+
+
 def summarize(snapshot: dict, device_index: int = 0) -> dict:
     traces = snapshot.get("device_traces") or []
     trace = traces[device_index] if device_index < len(traces) else []
-    streams = stream_summary([segment for segment in snapshot.get("segments", [])
-                              if segment.get("device", device_index) == device_index])
+    segments = [segment for segment in snapshot.get("segments", [])
+                if segment.get("device", device_index) == device_index]
+    streams = stream_summary(segments)
     deferred_peak, deferred_sites = deferred_frees(trace)
     return {
         "reserved_bytes": sum(row["reserved_bytes"] for row in streams),
@@ -140,4 +310,6 @@ def summarize(snapshot: dict, device_index: int = 0) -> dict:
         "peak_deferred_free_bytes": deferred_peak,
         "deferred_free_sites": deferred_sites,
         "ooms": sum(1 for e in trace if e["action"] == "oom"),
+        "retry_count": len(retry_flushes(trace)),
+        "retries": allocator_retries(trace, segments),
     }
