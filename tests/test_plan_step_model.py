@@ -61,10 +61,12 @@ def test_reduce_buckets_are_added_to_every_backward_node_only():
     assert [node.peak_bytes for node in parse_profile(profile).nodes] == [150, 300, 425, 405, 385]
 
 
-def test_a_measured_steady_step_moves_forward_nodes_and_counts_backward_at_the_measured_peak():
+def test_a_measured_steady_step_caps_forward_nodes_and_counts_backward_at_the_measured_peak():
     profile = {**measured_profile(measured_start=100), "reduce_bucket_bytes": 25, "measured_fwd_bwd_peak_bytes": 345}
-    # forward moved by 345 - 425 (the highest node, b0 with its buckets); backward's peak is measured, not placed
-    assert [node.peak_bytes for node in parse_profile(profile).nodes] == [70, 220, 345, 345, 345]
+    # forward below the measured peak stays as read; backward's peak is measured, not placed
+    assert [node.peak_bytes for node in parse_profile(profile).nodes] == [150, 300, 345, 345, 345]
+    low = {**profile, "measured_fwd_bwd_peak_bytes": 200}  # an eager forward reading above the step's peak
+    assert [node.peak_bytes for node in parse_profile(low).nodes] == [150, 200, 200, 200, 200]
     as_read = parse_profile(profile, calibrated=False)  # a budget's plan is placed on the readings as profiled
     assert [node.peak_bytes for node in as_read.nodes] == [150, 300, 400, 380, 360]
     # the prediction follows: nothing offloaded at a budget above every node, and the end of step is lower here
@@ -74,9 +76,9 @@ def test_a_measured_steady_step_moves_forward_nodes_and_counts_backward_at_the_m
 def test_accumulations_receive_buffer_is_added_to_every_backward_node_only():
     profile = {**measured_profile(measured_start=100), "reduce_bucket_bytes": 25, "accumulation_recv_bytes": 10}
     assert [node.peak_bytes for node in parse_profile(profile).nodes] == [150, 300, 435, 415, 395]
-    # a measured step with accumulation holds the buffer already: backward counts at it, forward moves down by it
+    # a measured step with accumulation holds the buffer already: backward counts at it, forward as read
     measured = {**profile, "measured_fwd_bwd_peak_bytes": 345}
-    assert [node.peak_bytes for node in parse_profile(measured).nodes] == [60, 210, 345, 345, 345]
+    assert [node.peak_bytes for node in parse_profile(measured).nodes] == [150, 300, 345, 345, 345]
 
 
 def test_with_accumulation_the_optimizer_step_holds_what_it_holds_without():
@@ -253,3 +255,14 @@ def test_a_budget_by_the_step_model_is_the_device_rule_under_the_lesser_limit(pr
     assert plan.rule == "step_model"
     if plan.feasible:
         assert plan.predicted_peak_bytes <= min(budget, limit)
+
+
+def test_ordered_release_frees_the_states_before_a_forward_node_that_reads_high_below_the_measured_peak():
+    # Backward reads 425 with its buckets, the running step peaks at 320: forward f1 still holds 300, as read. Keeping
+    # 40 resident and 60 held, f1 needs 400 of a 390 limit, so the states must be freed before it (a uniform shift
+    # down by 105 would have put f1 at 195 and planned no release at all).
+    profile = {**measured_profile(measured_start=100), "reduce_bucket_bytes": 25, "measured_fwd_bwd_peak_bytes": 320}
+    plan = plan_for_device(profile, 390, release="ordered")
+    assert plan.resident_bytes == 40 and plan.offloaded_bytes == 60
+    assert {release.before_node for release in plan.releases} == {"f1"}
+    assert plan.feasible and plan.predicted_peak_bytes <= 390
