@@ -11,6 +11,7 @@ import pytest
 
 from harness.offload.plan import predict_peak
 from harness.offload.profile import Profile, Task, for_planning, read_profile
+from test_results import steady_peak
 
 RUNS = sorted((Path(__file__).parent / "data" / "ordered_release").iterdir())
 
@@ -39,15 +40,10 @@ def predicted_as_run(profile: dict, plan: dict) -> int:
     return predict_peak(parsed, plan["resident_bytes"], offloaded, releases, reloads)
 
 
-def measured_peak(steps: list[dict]) -> int:
-    final = max(row["phase"] for row in steps)
-    return max(row["peak_allocated_bytes"] for row in steps if row["phase"] == final and row["phase_step"])
-
-
 @pytest.mark.parametrize("run", RUNS, ids=lambda path: path.name)
 def test_ordered_release_as_it_ran_is_predicted_within_five_percent(run):
     profile, plan, steps = load_run(run)
     assert plan["release_policy"] == "ordered" and plan["release_sites"]
-    measured = measured_peak(steps)
+    measured = steady_peak(steps)
     assert abs(plan["predicted_peak_bytes"] - measured) > 0.05 * measured  # the plan the run made was 6-7% low
     assert abs(predicted_as_run(profile, plan) - measured) <= 0.05 * measured

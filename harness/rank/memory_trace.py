@@ -199,14 +199,9 @@ def flush_start(trace: list[dict], burst_start: int) -> int:
 
 
 def end_pool(segments: list[dict]) -> dict[int, list[int]]:
-    """Per stream, [mapped, live, deferred] bytes at the snapshot (the trace's end)."""
-    pool: dict[int, list[int]] = {}
-    for segment in segments:
-        row = pool.setdefault(segment["stream"], [0, 0, 0])
-        row[0] += segment["total_size"]
-        row[1] += segment["allocated_size"]
-        row[2] += segment["active_size"] - segment["allocated_size"]
-    return pool
+    """Per stream, [mapped, live, deferred] bytes at the snapshot (the trace's end): stream_summary's sums."""
+    return {row["stream"]: [row["reserved_bytes"], row["allocated_bytes"], row["awaiting_free_bytes"]]
+            for row in stream_summary(segments)}
 
 
 def pools_before(trace: list[dict], segments: list[dict], indices: Iterable[int]) -> dict[int, dict[int, list[int]]]:
