@@ -218,11 +218,13 @@ def phase_rows(points: pd.DataFrame) -> pd.DataFrame:
 
 def memory_table(points: pd.DataFrame) -> Table:
     """Per design point and phase: peak allocated and reserved (GB), bytes offloaded and reloaded per step
-    (GB), allocator retries."""
+    (GB), allocator retries, the host's resident and pinned bytes (GB)."""
     points_design = design(points)
     keys = points_design.keys
-    shown = memory_columns()
-    values = aggregate_repeats(phase_rows(points), [*keys, "phase"], shown)
+    rows = phase_rows(points)
+    # a field no run recorded (run files older than its declaration) gets no column; a null reading shows as "-"
+    shown = {value: title for value, title in memory_columns().items() if value in rows}
+    values = aggregate_repeats(rows, [*keys, "phase"], shown)
     lines = []
     for row in values.to_dict("records"):
         line = {("", "arm"): points_design.label(row),

@@ -1,9 +1,11 @@
 """Per-phase statistics: what the medians count."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.contract.steps import summarize_phases
+from harness.rank.host_memory import HostMemoryMonitor
 from harness.rank.monitor import SEGMENTS, MemoryMonitor
 
 
@@ -86,3 +88,47 @@ def test_segment_peaks_have_steady_per_phase_maxima_and_a_cpu_monitor_reports_no
     assert phase["opt_step_peak_allocated_bytes"]["steady_max"] is None
     stats = MemoryMonitor(torch.device("cpu")).step_stats()
     assert all(stats[f"{segment}_peak_allocated_bytes"] is None for segment in SEGMENTS)
+
+
+class FakePinnedAllocator:
+    """torch.cuda.host_memory_stats as the host monitor reads it: running totals since the process started."""
+
+    def __init__(self):
+        self.stats: dict | None = None  # nothing pinned yet: torch returns no statistics
+
+    def pin(self, rounded_bytes: int, microseconds: float):
+        stats = self.stats or {"allocated_bytes.current": 0, "host_alloc_time.total": 0.0}
+        self.stats = {"allocated_bytes.current": stats["allocated_bytes.current"] + rounded_bytes,
+                      "host_alloc_time.total": stats["host_alloc_time.total"] + microseconds}
+
+    def __call__(self):
+        return None if self.stats is None else dict(self.stats)
+
+
+def test_the_host_monitor_reports_pinned_bytes_held_and_the_seconds_each_step_spent_pinning():
+    allocator = FakePinnedAllocator()
+    host = HostMemoryMonitor(cuda=True, pinned_stats=allocator)
+    assert host.at_start == {"pinned_host_bytes_at_start": None, "pin_time_s_at_start": None}
+    first = host.step_stats()  # a step before anything was pinned
+    assert first["pinned_host_bytes"] is None and first["pin_time_s"] is None
+    allocator.pin(2**29, 250_000.0)  # the first offload pins two buffers
+    allocator.pin(2**29, 250_000.0)
+    second = host.step_stats()
+    assert second["pinned_host_bytes"] == 2**30 and second["pin_time_s"] == pytest.approx(0.5)
+    third = host.step_stats()  # later steps reuse the buffers: held, and no time spent pinning
+    assert third["pinned_host_bytes"] == 2**30 and third["pin_time_s"] == 0.0
+    assert first["host_rss_bytes"] > 0 and third["host_rss_bytes"] > 0
+
+
+def test_what_was_pinned_before_the_first_step_is_reported_apart_from_the_steps():
+    allocator = FakePinnedAllocator()
+    allocator.pin(2**30, 1_500_000.0)  # ZeRO-Offload's buffers, pinned while the engine was built
+    host = HostMemoryMonitor(cuda=True, pinned_stats=allocator)
+    assert host.at_start == {"pinned_host_bytes_at_start": 2**30, "pin_time_s_at_start": 1.5}
+    assert host.step_stats()["pin_time_s"] == 0.0
+
+
+def test_a_cpu_host_monitor_reads_the_resident_set_and_no_pinned_memory():
+    stats = HostMemoryMonitor(cuda=False, pinned_stats=FakePinnedAllocator()).step_stats()
+    assert stats["host_rss_bytes"] > 0
+    assert stats["pinned_host_bytes"] is None and stats["pin_time_s"] is None

@@ -42,6 +42,10 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     for row in rows:
         assert row["tokens"] == 2 * 32 and row["tokens_per_s"] == pytest.approx(64 / row["step_time_s"])
         assert row["peak_reserved_bytes"] is None  # no device memory on CPU
+        assert row["host_rss_bytes"] > 100e6  # a rank holding torch and DeepSpeed resides in well over 100 MB
+        assert row["pinned_host_bytes"] is None and row["pin_time_s"] is None  # no pinned allocator on CPU
+    worker = json.loads((run_dir / "worker.json").read_text())
+    assert 1 < worker["startup_s"] < summary["wall_time_s"]  # importing torch alone takes over a second
     env = json.loads((run_dir / "env.json").read_text())
     assert env["world_size"] == 1 and env["pytorch_cuda_alloc_conf"] == "expandable_segments:True"
     assert "git_sha" in env and env["torch"]

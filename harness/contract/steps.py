@@ -30,7 +30,8 @@ class StepField:
     """One field of a steps.jsonl row, declared once; see the module docstring."""
     name: str
     unit: str  # "s", "bytes", "count", "tokens", "tokens/s", "TFLOP/s", "loss", "flag", "index"
-    source: str  # who measures it: "loop" (the step loop), "monitor" (device memory), "arm" (the arm's counters)
+    source: str  # who measures it: "loop" (the step loop), "monitor" (device memory), "host" (host memory,
+    #              harness/rank/host_memory.py), "arm" (the arm's counters)
     ranks: str | None = None  # how ranks combine it: "max", "min" (> 0 proves every rank did it), "mean"; None:
     #                           the same on every rank, or worked out on rank 0 after combining (tokens/s)
     phase: tuple[str, ...] = ()  # the statistics summary.json keeps of it per phase (PHASE_STATISTICS)
@@ -106,6 +107,13 @@ FIELDS: tuple[StepField, ...] = (
     StepField("alloc_retries", "count", "monitor", ranks="max", phase=("sum",),
               columns=(Column("alloc retries", "sum", "memory"),)),
     StepField("ooms", "count", "monitor", ranks="max", phase=("sum",)),
+    # the host side of the trade, at the step's end: the rank's resident set, what torch's pinned-host allocator
+    # holds (each buffer rounded up to a power of two) and the seconds this step spent pinning
+    StepField("host_rss_bytes", "bytes", "host", ranks="max", phase=("max",),
+              columns=(Column("host RSS (GB)", "max", "memory"),)),
+    StepField("pinned_host_bytes", "bytes", "host", ranks="max", phase=("max",),
+              columns=(Column("pinned host (GB)", "max", "memory"),)),
+    StepField("pin_time_s", "s", "host", ranks="max", phase=("sum",)),
     # our pass's device seconds: each copy stream's busy time, and how long compute stood waiting for the copies
     StepField("copy_d2h_busy_s", "s", "arm", ranks="max", phase=("median",), cumulative=True,
               columns=(Column("D2H busy (s)", "median", "transfers"),)),

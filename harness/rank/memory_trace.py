@@ -256,7 +256,8 @@ def retry_reading(missed: dict, before: dict) -> str:
     return "headroom"
 
 
-def allocator_retries(trace: list[dict], segments: list[dict], top: int = TOP_RETRIES) -> list[dict]:
+def allocator_retries(trace: list[dict], segments: list[dict], top: int = TOP_RETRIES,
+                      flushes: list[tuple[int, int, int]] | None = None) -> list[dict]:
     """The first `top` allocator retries in the trace, in order. A retry is an alloc the pool could not serve with
     no room left to map more: the allocator synchronizes (completing frees that waited on other streams), frees
     every wholly free cached segment -- a burst of consecutive segment_free/segment_unmap entries -- and maps again
@@ -272,8 +273,9 @@ def allocator_retries(trace: list[dict], segments: list[dict], top: int = TOP_RE
     - "fragmentation": the cache on the request's own stream would have, but no free block there was large enough;
     - "other_stream": the cache of all streams together would have: it needed other streams' cache (a stream
       cannot use another's blocks);
-    - "headroom": none of these: the live bytes leave too little room under the limit."""
-    flushes = retry_flushes(trace)[:top]
+    - "headroom": none of these: the live bytes leave too little room under the limit.
+    `flushes`: retry_flushes(trace), where the caller has it already."""
+    flushes = (retry_flushes(trace) if flushes is None else flushes)[:top]
     starts = [flush_start(trace, first) for first, _, _ in flushes]
     pools = pools_before(trace, segments, starts)
     skip_prefix = torch_package_dir() if flushes else ""
@@ -294,6 +296,7 @@ def summarize(snapshot: dict, device_index: int = 0) -> dict:
                 if segment.get("device", device_index) == device_index]
     streams = stream_summary(segments)
     deferred_peak, deferred_sites = deferred_frees(trace)
+    flushes = retry_flushes(trace)
     return {
         "reserved_bytes": sum(row["reserved_bytes"] for row in streams),
         "allocated_bytes": sum(row["allocated_bytes"] for row in streams),
@@ -305,6 +308,6 @@ def summarize(snapshot: dict, device_index: int = 0) -> dict:
         "peak_deferred_free_bytes": deferred_peak,
         "deferred_free_sites": deferred_sites,
         "ooms": sum(1 for e in trace if e["action"] == "oom"),
-        "retry_count": len(retry_flushes(trace)),
-        "retries": allocator_retries(trace, segments),
+        "retry_count": len(flushes),
+        "retries": allocator_retries(trace, segments, flushes=flushes),
     }

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -28,6 +29,7 @@ from harness.rank.budget import resolve_budget_bytes
 from harness.rank.diagnostics import StepDiagnostics
 from harness.contract import steps
 from harness.contract.steps import phase_of
+from harness.rank.host_memory import HostMemoryMonitor
 from harness.rank.monitor import ArmCounters, MemoryMonitor, aggregate_over_ranks, physical_total_bytes
 from harness.contract.runfiles import StepWriter, write_json
 from harness.contract.units import GB
@@ -184,6 +186,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     starts = arm.compile(cfg, engine, budget, str(run_dir))
 
+    host = HostMemoryMonitor(monitor.cuda)
     flops_per_token = models.flops_per_token(model_cfg, n_params, train["seq_len"])
     facts = {"world_size": world, "hostnames": sorted(set(gather_from_ranks(socket.gethostname()))),
              "budget_bytes": budget, "device_total_bytes": monitor.device_total_bytes(),
@@ -192,7 +195,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
              "accelerator_total_bytes_per_rank": gather_from_ranks(accelerator_total_bytes()),
              "phase_starts": starts, "n_params": n_params,
              "flops_per_token": flops_per_token, "planned_offload_bytes": None, "predicted_peak_bytes": None,
-             "used_outside_torch_bytes_at_start": outside}
+             "used_outside_torch_bytes_at_start": outside, "startup_s": seconds_since_process_start(), **host.at_start}
     writer = StepWriter(run_dir) if rank == 0 else None
     if rank == 0:
         write_json(run_dir / runfiles.WORKER, facts)
@@ -230,7 +233,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         diagnostics.after(step, device, run_dir)
         record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
                                "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(),
-                               **counters.step_values(), "traced": diagnostics.traces(step)})
+                               **host.step_stats(), **counters.step_values(), "traced": diagnostics.traces(step)})
         record = aggregate_over_ranks(record, device)
         arm.observe_step(record)
         record.update(throughput(tokens, record["step_time_s"], flops_per_token, world))
@@ -244,6 +247,12 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         writer.close()
     dist.barrier()
     logger.info(f"worker: rank {rank} finished {counts.total} steps")
+
+
+def seconds_since_process_start() -> float:
+    """How long this rank took to reach its first step (imports, process group, model, engine): the part of a
+    point's wall time that is neither a compile nor a measured step."""
+    return round(time.time() - psutil.Process().create_time(), 2)
 
 
 def throughput(tokens: int, step_time_s: float, flops_per_token: float, world: int) -> dict[str, float]:
