@@ -28,6 +28,7 @@ MIN_MEASURED = 20  # the protocol's least measured steps per run for a number th
 REPEATS_AGREE = 0.03  # repeats of a point whose run medians lie further apart than this are flagged
 BUDGET_COLUMNS = ("budget_gb", "budget_fraction")
 LIMIT_COLUMNS = ("env.reserved_cap_gb",)  # an allocator ceiling inside the (emulated) device, where swept
+COMPOSE = "compose"  # offload.compose's column: DeepCompile's speed passes composed with our pass
 
 
 def measured_steps(points: pd.DataFrame, steps: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
@@ -158,31 +159,44 @@ def comparison_pairs(points: pd.DataFrame) -> list[tuple[str, tuple[str, ...]]]:
     return [(BenchRole.PEER, (*present, *budgets)), (BenchRole.REFERENCE, tuple(present))]
 
 
-def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
-    """Our pass over DeepSpeed's pass (same workload, limits and budget) and over DeepCompile without offload (same
-    workload and limits): the ratio of their step-time estimates, its 95% two-level bootstrap interval, runs × the
-    fewest measured steps of a run, and how it reads (faster, slower, no difference)."""
-    design_points = [(row, label, runs) for row, label, _, runs in runs_by_design_point(points, steps)]
+def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame, keys: Sequence[str]):
+    """(ours, the point it is set against): each of our points against DeepSpeed's pass at the same workload, limits
+    and budget and against DeepCompile without offload at the same workload and limits; then each of our points
+    composed with DeepCompile's speed passes against ours alone (compose=none), everything else equal."""
     ours = arm_names(lambda arm: arm.bench_role == BenchRole.OURS)
-    rows, lines = [], []
     for role, shared in comparison_pairs(points):
         bases = arm_names(lambda arm, role=role: arm.bench_role == role)
-        for row, label, runs in design_points:
-            if row["arm"] not in ours:
-                continue
-            for base, base_label, base_runs in design_points:
-                if base["arm"] not in bases or _context(row, shared) != _context(base, shared):
-                    continue
-                ratio = stats.ratio_interval(runs, base_runs)
-                if ratio is None:
-                    continue
-                labels = {"point": label, "against": base_label}
-                rows.append({**labels, "ratio": ratio.ratio, "ci95_low": ratio.low, "ci95_high": ratio.high,
-                             "runs": ratio.sizes, "reads": ratio.verdict})
-                lines.append({("", "point"): labels["point"], ("", "against"): labels["against"],
-                              ("", "ratio"): f"{ratio.ratio:.3f}×",
-                              ("", "95% interval"): f"[{ratio.low:.3f}, {ratio.high:.3f}]",
-                              ("", "runs × steps"): ratio.sizes, ("", "reads"): ratio.verdict})
+        for point in design_points:
+            for base in design_points:
+                if (point[0]["arm"] in ours and base[0]["arm"] in bases
+                        and _context(point[0], shared) == _context(base[0], shared)):
+                    yield point, base
+    others = [key for key in keys if key != COMPOSE]
+    for point in design_points:
+        for base in design_points:
+            if (point[0]["arm"] in ours and format_value(point[0].get(COMPOSE)) not in ("none", "null")
+                    and format_value(base[0].get(COMPOSE)) == "none" and _context(point[0], others) == _context(base[0], others)):
+                yield point, base
+
+
+def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
+    """Our pass over DeepSpeed's pass (same workload, limits and budget) and over DeepCompile without offload (same
+    workload and limits), and composed with DeepCompile's speed passes over alone: the ratio of their step-time
+    estimates, its 95% two-level bootstrap interval, runs × the fewest measured steps of a run, and how it reads
+    (faster, slower, no difference)."""
+    design_points = [(row, label, runs) for row, label, _, runs in runs_by_design_point(points, steps)]
+    rows, lines = [], []
+    for (row, label, runs), (base, base_label, base_runs) in _compared(design_points, points, design(points).keys):
+        ratio = stats.ratio_interval(runs, base_runs)
+        if ratio is None:
+            continue
+        labels = {"point": label, "against": base_label}
+        rows.append({**labels, "ratio": ratio.ratio, "ci95_low": ratio.low, "ci95_high": ratio.high,
+                     "runs": ratio.sizes, "reads": ratio.verdict})
+        lines.append({("", "point"): labels["point"], ("", "against"): labels["against"],
+                      ("", "ratio"): f"{ratio.ratio:.3f}×",
+                      ("", "95% interval"): f"[{ratio.low:.3f}, {ratio.high:.3f}]",
+                      ("", "runs × steps"): ratio.sizes, ("", "reads"): ratio.verdict})
     return Table("comparison", pd.DataFrame(rows, columns=["point", "against", "ratio", "ci95_low", "ci95_high",
                                                             "runs", "reads"]),
                  display_frame(lines, [("", "point"), ("", "against"), ("", "ratio"), ("", "95% interval"),

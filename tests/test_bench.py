@@ -100,3 +100,15 @@ def test_stall_and_prediction_error_are_reported_for_points_that_have_them():
     assert stall_and_prediction(point) == " | copy stall 0.0125 s/step | predicted peak 11.00 GB (+10.0% of measured)"
     assert stall_and_prediction({"summary": {"final": {}}, "rows": []}) == ""
     assert prediction_error({"summary": {"predicted_peak_bytes": None, "final": None}, "rows": rows}) is None
+
+
+def test_our_pass_composed_is_set_against_ours_alone_at_the_same_budget(tmp_path):
+    repeats(tmp_path, "ds_offload", 0.20, budget_gb=11.0)
+    repeats(tmp_path, "offload", 0.10, budget_gb=11.0, extra={"offload.compose": "none"})
+    repeats(tmp_path, "offload", 0.08, budget_gb=11.0, extra={"offload.compose": "prefetch_selective_gather"})
+    repeats(tmp_path, "offload", 0.09, budget_gb=13.0, extra={"offload.compose": "prefetch"})  # no alone at 13 GB
+    lines = sorted(line.strip() for line in comparisons([tmp_path]).splitlines() if " / " in line)
+    assert [line.partition("×")[0] for line in lines] == [
+        "offload, budget_gb=11, compose=none / ds_offload: 0.500",
+        "offload, budget_gb=11, compose=prefetch_selective_gather / ds_offload: 0.400",
+        "offload, budget_gb=11, compose=prefetch_selective_gather / offload, budget_gb=11, compose=none: 0.800"]

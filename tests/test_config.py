@@ -157,3 +157,13 @@ def test_more_ranks_than_gpus_is_refused():
     with pytest.raises(ConfigError) as err:
         validate(cfg, gpu_count=2)
     assert err.value.key == "launcher.nproc_per_node"
+
+
+@pytest.mark.parametrize("row", options(REPO_ROOT / "experiments" / "compose_rows"))
+def test_compose_rows_select_their_arm_and_composition(row):
+    cfg = compose_config(["experiments=compose_limit", f"+experiments/compose_rows={row}"])
+    raw = yaml.safe_load((REPO_ROOT / "experiments" / "compose_rows" / f"{row}.yaml").read_text())
+    assert cfg.arm.name == raw["defaults"][0]["override /arm"]
+    assert cfg.offload.compose == (raw.get("offload") or {}).get("compose", "none")
+    assert cfg.offload.budget_gb == 11 and cfg.env.device_memory_gb == 12
+    validate(OmegaConf.to_container(cfg, resolve=True), gpu_count=0)
