@@ -160,23 +160,23 @@ def comparison_pairs(points: pd.DataFrame) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame, keys: Sequence[str]):
-    """(ours, the point it is set against): each of our points against DeepSpeed's pass at the same workload, limits
-    and budget and against DeepCompile without offload at the same workload and limits; then each of our points
-    composed with DeepCompile's speed passes against ours alone (compose=none), everything else equal."""
+    """(ours, the point it is set against), each a (row, label, runs): each of our points against DeepSpeed's pass
+    at the same workload, limits and budget and against DeepCompile without offload at the same workload and
+    limits; then each of our points composed with DeepCompile's speed passes against ours alone (compose=none),
+    everything else equal."""
     ours = arm_names(lambda arm: arm.bench_role == BenchRole.OURS)
     for role, shared in comparison_pairs(points):
         bases = arm_names(lambda arm, role=role: arm.bench_role == role)
-        for point in design_points:
-            for base in design_points:
-                if (point[0]["arm"] in ours and base[0]["arm"] in bases
-                        and _context(point[0], shared) == _context(base[0], shared)):
-                    yield point, base
+        yield from ((point, base) for point in design_points for base in design_points
+                    if point[0]["arm"] in ours and base[0]["arm"] in bases
+                    and _context(point[0], shared) == _context(base[0], shared))
     others = [key for key in keys if key != COMPOSE]
-    for point in design_points:
-        for base in design_points:
-            if (point[0]["arm"] in ours and format_value(point[0].get(COMPOSE)) not in ("none", "null")
-                    and format_value(base[0].get(COMPOSE)) == "none" and _context(point[0], others) == _context(base[0], others)):
-                yield point, base
+    ours_by_compose = [(format_value(point[0].get(COMPOSE)), point) for point in design_points
+                       if point[0]["arm"] in ours]
+    composed = [point for compose, point in ours_by_compose if compose not in ("none", "null")]
+    alone = [point for compose, point in ours_by_compose if compose == "none"]
+    yield from ((point, base) for point in composed for base in alone
+                if _context(point[0], others) == _context(base[0], others))
 
 
 def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:

@@ -132,3 +132,9 @@ def test_a_cpu_host_monitor_reads_the_resident_set_and_no_pinned_memory():
     stats = HostMemoryMonitor(cuda=False, pinned_stats=FakePinnedAllocator()).step_stats()
     assert stats["host_rss_bytes"] > 0
     assert stats["pinned_host_bytes"] is None and stats["pin_time_s"] is None
+
+
+def test_a_torch_that_names_its_statistics_otherwise_reads_as_not_available_not_zero():
+    host = HostMemoryMonitor(cuda=True, pinned_stats=lambda: {"some.other.key": 5})
+    stats = host.step_stats()
+    assert stats["pinned_host_bytes"] is None and stats["pin_time_s"] is None

@@ -39,18 +39,24 @@ class HostMemoryMonitor:
         stats = self._pinned_stats()
         self._pin_us = self._pin_time_us(stats)
         # what was pinned before the first step (ZeRO-Offload's buffers, offload.evict_from=start): worker.json
-        self.at_start = {"pinned_host_bytes_at_start": None if stats is None else int(stats.get(PINNED_KEY, 0)),
+        self.at_start = {"pinned_host_bytes_at_start": _reading(stats, PINNED_KEY),
                          "pin_time_s_at_start": None if self._pin_us is None else self._pin_us / 1e6}
 
     def step_stats(self) -> dict[str, int | float | None]:
         stats = self._pinned_stats()
         pin_us = self._pin_time_us(stats)
         values = {"host_rss_bytes": self._process.memory_info().rss,
-                  "pinned_host_bytes": None if stats is None else int(stats.get(PINNED_KEY, 0)),
+                  "pinned_host_bytes": _reading(stats, PINNED_KEY),
                   "pin_time_s": None if pin_us is None else (pin_us - (self._pin_us or 0)) / 1e6}
         self._pin_us = pin_us if pin_us is not None else self._pin_us
         return {field.name: values[field.name] for field in steps.fields("host")}
 
     @staticmethod
     def _pin_time_us(stats: dict[str, Any] | None) -> float | None:
-        return None if stats is None else float(stats.get(PIN_TIME_KEY, 0.0))
+        value = _reading(stats, PIN_TIME_KEY)
+        return None if value is None else float(value)
+
+
+def _reading(stats: dict[str, Any] | None, key: str) -> int | None:
+    """One statistic, None where there are none or this torch names it otherwise (never a made-up 0)."""
+    return None if stats is None or key not in stats else int(stats[key])
