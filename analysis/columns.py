@@ -22,7 +22,7 @@ BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed", "train.warmup_steps": 0}
 # offload.auto_rule has no such constant: before the key, our pass planned without a budget by the device rule for
 # a while (its default then), and by DeepSpeed's margin before that. The plan says which (recorded_auto_rule).
 AUTO_RULE = "offload.auto_rule"
-SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "budget_bytes",
+SUMMARY_SCALARS = ("status", "reason", "world_size", "steps_completed", "wall_time_s", "startup_s", "budget_bytes",
                    "planned_offload_bytes", "predicted_peak_bytes", "device_memory_bytes", "steady")
 # summary.json's `oom` block (where and by how much a point ran out of memory) as oom_<field> columns.
 OOM_FIELDS = ("stage", "phase", "step", "requested_bytes", "free_bytes", "limit_bytes", "reserved_bytes",

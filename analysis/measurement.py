@@ -290,3 +290,65 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                          "medians over the steps with the fewest retries and over all. ms/retry: the Theil-Sen "
                          "slope of step time on retries per step with its 95% interval (scipy.stats.theilslopes); "
                          "'-' where retries do not vary within the point.")
+
+
+WALL_PARTS = ("startup_s", "compile_s", "steps_s", "rest_s")  # a run's wall time, in order, parts summing to it
+
+
+def wall_parts(point: Mapping[str, Any], run: pd.DataFrame) -> dict[str, float | None]:
+    """Where one run's wall time went: the rank's start-up (imports, model, engine; null in runs recorded before
+    worker.json had it), the phases' compile steps, every other step, and the rest (torchrun, the machine readings,
+    teardown, and the start-up where it was not recorded)."""
+    wall = point.get("wall_time_s")
+    if is_missing(wall):
+        return {"wall_time_s": None, **dict.fromkeys(WALL_PARTS)}
+    first = run["phase_step"] == 0 if not run.empty else pd.Series(dtype=bool)
+    compile_s = float(run.loc[first, "step_time_s"].sum()) if not run.empty else 0.0
+    steps_s = float(run.loc[~first, "step_time_s"].sum()) if not run.empty else 0.0
+    startup = None if is_missing(point.get("startup_s")) else float(point["startup_s"])
+    return {"wall_time_s": float(wall), "startup_s": startup, "compile_s": compile_s, "steps_s": steps_s,
+            "rest_s": float(wall) - compile_s - steps_s - (startup or 0.0)}
+
+
+def _runs_of(group: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
+    """Every run of a design point, whatever its status (a run that ran out still used the device), with its steps."""
+    by_run = dict(iter(steps.groupby(["sweep", "run_dir"]))) if not steps.empty else {}
+    empty = steps.iloc[0:0]
+    return [(point, by_run.get((point["sweep"], point["run_dir"]), empty)) for point in group.to_dict("records")]
+
+
+def _seconds(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return float(pd.Series(present).median()) if present else None
+
+
+WALL_TITLES = {"startup_s": "start-up (s)", "compile_s": "compiles (s)", "steps_s": "steps (s)", "rest_s": "rest (s)",
+               "wall_time_s": "wall (s)"}
+WALL_COLUMNS = [("", "arm"), ("", "runs"), *(("", title) for title in WALL_TITLES.values()), ("", "device (min)")]
+
+
+def _tenths(value: float | None) -> str:
+    return NOT_APPLICABLE if value is None else f"{value:.1f}"
+
+
+def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
+    """Per design point, where a run's wall time went (medians over its runs, every status: a run that ran out still
+    used the device), and the device minutes all its runs took; a last line sums the campaign."""
+    rows, lines = [], []
+    for row, label, group, _ in steps_by_design_point(points, steps):
+        parts = [wall_parts(point, run) for point, run in _runs_of(group, steps)]
+        medians = {name: _seconds([part[name] for part in parts]) for name in ("wall_time_s", *WALL_PARTS)}
+        device_min = sum(part["wall_time_s"] or 0.0 for part in parts) / 60
+        rows.append({**row, "n_runs": len(group), **medians, "device_min": device_min})
+        lines.append({("", "arm"): label, ("", "runs"): str(len(group)),
+                      **{("", title): _tenths(medians[name]) for name, title in WALL_TITLES.items()},
+                      ("", "device (min)"): _tenths(device_min)})
+    total = sum(row["device_min"] for row in rows)
+    lines.append({("", "arm"): "all points", ("", "runs"): str(sum(row["n_runs"] for row in rows)),
+                  ("", "device (min)"): _tenths(total)})
+    return Table("wall_time", pd.DataFrame(rows), display_frame(lines, WALL_COLUMNS),
+                 caption="Where each point's wall time went, the median over its runs (every status): the rank's "
+                         "start-up (imports, model, engine; '-' in runs recorded before it was), each phase's "
+                         "compile step, the other steps, and the rest (torchrun, machine readings, teardown); "
+                         "device (min): all runs of the point together, and of the campaign on the last line.")
+

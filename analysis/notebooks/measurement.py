@@ -18,7 +18,7 @@
 # repeats lie apart, and what makes it suspect), then what the comparisons between arms can claim: our pass over
 # DeepSpeed's pass at one budget and over DeepCompile without offload, each a ratio with its interval. Where the
 # points of two arms or more share one workload and budget, a figure draws them side by side with those intervals.
-# Last, what one allocator retry costs each point.
+# Then what one allocator retry costs each point, and where each point's device time went.
 
 # %% tags=["parameters"]
 sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<timestamp>
@@ -26,7 +26,7 @@ out_dir = "report"
 
 # %%
 from analysis import plots
-from analysis.measurement import comparison_table, measurement_table, retry_table
+from analysis.measurement import comparison_table, measurement_table, retry_table, wall_time_table
 from analysis.notebook import open_report
 
 report = open_report(sweep_dir, out_dir)
@@ -54,6 +54,13 @@ comparisons = comparison_table(report.points, report.steps)
 if not comparisons.values.empty:
     report.table(comparisons)
 comparisons.display
+
+# %% [markdown]
+# Where the device time went: per point, the rank's start-up, the compile steps, the other steps and the rest of
+# each run's wall time, and the device minutes of all its runs; the last line is the campaign's.
+
+# %%
+report.table(wall_time_table(report.points, report.steps))
 
 # %%
 if plots.arms_at_one_point(report.points):

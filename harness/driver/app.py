@@ -55,7 +55,7 @@ def build_summary(config: dict, status: str, reason: str | None, rows: list[dict
         "status": status, "reason": reason,
         "arm": lookup(config, "arm.name", None), "model": lookup(config, "model.name", None),
         "world_size": worker_facts.get("world_size", _configured_world_size(config.get("launcher") or {})),
-        "steps_completed": len(rows), "wall_time_s": wall_time_s,
+        "steps_completed": len(rows), "wall_time_s": wall_time_s, "startup_s": worker_facts.get("startup_s"),
         "budget_bytes": worker_facts.get("budget_bytes"),
         "planned_offload_bytes": worker_facts.get("planned_offload_bytes"),
         "predicted_peak_bytes": worker_facts.get("predicted_peak_bytes"),
