@@ -292,28 +292,28 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                          "'-' where retries do not vary within the point.")
 
 
-WALL_PARTS = ("startup_s", "compile_s", "steps_s", "rest_s")  # a run's wall time, in order, parts summing to it
+WALL_PARTS = ("compile_s", "steps_s", "other_s")  # a run's wall time in three parts that sum to it
 
 
 def wall_parts(point: Mapping[str, Any], run: pd.DataFrame) -> dict[str, float | None]:
-    """Where one run's wall time went: the rank's start-up (imports, model, engine; null in runs recorded before
-    worker.json had it), the phases' compile steps, every other step, and the rest (torchrun, the machine readings,
-    teardown, and the start-up where it was not recorded)."""
+    """Where one run's wall time went: the phases' first steps (the compile steps; an eager arm's first step), every
+    other step, and the rest (torchrun, the rank's start-up, machine readings, teardown); of the rest, the rank's
+    start-up (imports, model, engine), null in runs recorded before worker.json had it."""
     wall = point.get("wall_time_s")
-    if is_missing(wall):
-        return {"wall_time_s": None, **dict.fromkeys(WALL_PARTS)}
-    first = run["phase_step"] == 0 if not run.empty else pd.Series(dtype=bool)
-    compile_s = float(run.loc[first, "step_time_s"].sum()) if not run.empty else 0.0
-    steps_s = float(run.loc[~first, "step_time_s"].sum()) if not run.empty else 0.0
     startup = None if is_missing(point.get("startup_s")) else float(point["startup_s"])
-    return {"wall_time_s": float(wall), "startup_s": startup, "compile_s": compile_s, "steps_s": steps_s,
-            "rest_s": float(wall) - compile_s - steps_s - (startup or 0.0)}
+    if is_missing(wall):
+        return {"wall_time_s": None, **dict.fromkeys(WALL_PARTS), "startup_s": startup}
+    first = run["phase_step"] == 0
+    compile_s, steps_s = float(run.loc[first, "step_time_s"].sum()), float(run.loc[~first, "step_time_s"].sum())
+    return {"wall_time_s": float(wall), "compile_s": compile_s, "steps_s": steps_s,
+            "other_s": float(wall) - compile_s - steps_s, "startup_s": startup}
 
 
 def _runs_of(group: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
-    """Every run of a design point, whatever its status (a run that ran out still used the device), with its steps."""
+    """Every run of a design point, whatever its status (a run that ran out still used the device), with its steps
+    (the last attempt's: a re-run point's earlier attempts, under attempts/N/, are not read)."""
     by_run = dict(iter(steps.groupby(["sweep", "run_dir"]))) if not steps.empty else {}
-    empty = steps.iloc[0:0]
+    empty = pd.DataFrame({"phase_step": pd.Series(dtype=int), "step_time_s": pd.Series(dtype=float)})
     return [(point, by_run.get((point["sweep"], point["run_dir"]), empty)) for point in group.to_dict("records")]
 
 
@@ -322,8 +322,8 @@ def _seconds(values: Sequence[float | None]) -> float | None:
     return float(pd.Series(present).median()) if present else None
 
 
-WALL_TITLES = {"startup_s": "start-up (s)", "compile_s": "compiles (s)", "steps_s": "steps (s)", "rest_s": "rest (s)",
-               "wall_time_s": "wall (s)"}
+WALL_TITLES = {"compile_s": "first steps (s)", "steps_s": "other steps (s)", "other_s": "rest (s)",
+               "startup_s": "of it start-up (s)", "wall_time_s": "wall (s)"}
 WALL_COLUMNS = [("", "arm"), ("", "runs"), *(("", title) for title in WALL_TITLES.values()), ("", "device (min)")]
 
 
@@ -332,12 +332,12 @@ def _tenths(value: float | None) -> str:
 
 
 def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
-    """Per design point, where a run's wall time went (medians over its runs, every status: a run that ran out still
-    used the device), and the device minutes all its runs took; a last line sums the campaign."""
+    """Per design point, where a run's wall time went (each part the median over its runs, every status: a run that
+    ran out still used the device), and the device minutes all its runs took; a last line sums the campaign."""
     rows, lines = [], []
     for row, label, group, _ in steps_by_design_point(points, steps):
         parts = [wall_parts(point, run) for point, run in _runs_of(group, steps)]
-        medians = {name: _seconds([part[name] for part in parts]) for name in ("wall_time_s", *WALL_PARTS)}
+        medians = {name: _seconds([part[name] for part in parts]) for name in WALL_TITLES}
         device_min = sum(part["wall_time_s"] or 0.0 for part in parts) / 60
         rows.append({**row, "n_runs": len(group), **medians, "device_min": device_min})
         lines.append({("", "arm"): label, ("", "runs"): str(len(group)),
@@ -347,8 +347,9 @@ def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     lines.append({("", "arm"): "all points", ("", "runs"): str(sum(row["n_runs"] for row in rows)),
                   ("", "device (min)"): _tenths(total)})
     return Table("wall_time", pd.DataFrame(rows), display_frame(lines, WALL_COLUMNS),
-                 caption="Where each point's wall time went, the median over its runs (every status): the rank's "
-                         "start-up (imports, model, engine; '-' in runs recorded before it was), each phase's "
-                         "compile step, the other steps, and the rest (torchrun, machine readings, teardown); "
-                         "device (min): all runs of the point together, and of the campaign on the last line.")
-
+                 caption="Where each point's wall time went, each part the median over its runs of every status (so "
+                         "the parts of a point with several runs need not add up): the phases' first steps (the "
+                         "compile steps; an eager arm's first step), the other steps, and the rest (torchrun, the "
+                         "rank's start-up, machine readings, teardown), of which the start-up ('-' in runs recorded "
+                         "before it was); device (min): all runs of the point together, and of the campaign on the "
+                         "last line (a re-run point's earlier attempts not counted).")

@@ -223,7 +223,7 @@ def memory_table(points: pd.DataFrame) -> Table:
     keys = points_design.keys
     rows = phase_rows(points)
     # a field no run recorded (run files older than its declaration) gets no column; a null reading shows as "-"
-    shown = {value: title for value, title in memory_columns().items() if value in rows}
+    shown = {value: column for value, column in memory_columns().items() if value in rows}
     values = aggregate_repeats(rows, [*keys, "phase"], shown)
     lines = []
     for row in values.to_dict("records"):

@@ -138,3 +138,11 @@ def test_a_torch_that_names_its_statistics_otherwise_reads_as_not_available_not_
     host = HostMemoryMonitor(cuda=True, pinned_stats=lambda: {"some.other.key": 5})
     stats = host.step_stats()
     assert stats["pinned_host_bytes"] is None and stats["pin_time_s"] is None
+
+
+def test_pinned_bytes_are_what_the_allocator_holds_under_either_torchs_name():
+    older = {"reserved_bytes.current": 2**30, "allocated_bytes.current": 2**29, "host_alloc_time.total": 0.0}
+    newer = {"allocated_bytes.current": 2**30, "active_bytes.current": 2**29, "host_alloc_time.total": 0.0}
+    for stats in (older, newer):  # torch <= 2.8: reserved = held, allocated = in use; later: allocated = held
+        host = HostMemoryMonitor(cuda=True, pinned_stats=lambda stats=stats: stats)
+        assert host.step_stats()["pinned_host_bytes"] == 2**30

@@ -15,18 +15,16 @@ import torch
 from harness.contract import steps
 
 PIN_TIME_KEY = "host_alloc_time.total"  # microseconds in CUDA's pinned allocations since the process started
-PINNED_KEY = "allocated_bytes.current"  # pinned bytes the allocator holds (in use and cached), rounded sizes
+# Pinned bytes the allocator holds (in use and cached, rounded sizes): torch up to 2.8 names them reserved_bytes
+# (its allocated_bytes are those in use); later torch names them allocated_bytes (and those in use active_bytes).
+PINNED_KEYS = ("reserved_bytes.current", "allocated_bytes.current")
 
 
 def torch_pinned_stats() -> dict[str, Any] | None:
-    """torch's pinned-host allocator statistics; None where this torch has none or has not pinned anything."""
+    """torch's pinned-host allocator statistics; None where this torch has no such reader or it reads nothing (a
+    build without CUDA returns none)."""
     reader = getattr(torch.cuda, "host_memory_stats", None)
-    if reader is None:
-        return None
-    try:
-        stats = reader()
-    except RuntimeError:  # a build without CUDA
-        return None
+    stats = reader() if reader is not None else None
     return dict(stats) if stats else None
 
 
@@ -39,14 +37,14 @@ class HostMemoryMonitor:
         stats = self._pinned_stats()
         self._pin_us = self._pin_time_us(stats)
         # what was pinned before the first step (ZeRO-Offload's buffers, offload.evict_from=start): worker.json
-        self.at_start = {"pinned_host_bytes_at_start": _reading(stats, PINNED_KEY),
+        self.at_start = {"pinned_host_bytes_at_start": _pinned_bytes(stats),
                          "pin_time_s_at_start": None if self._pin_us is None else self._pin_us / 1e6}
 
     def step_stats(self) -> dict[str, int | float | None]:
         stats = self._pinned_stats()
         pin_us = self._pin_time_us(stats)
         values = {"host_rss_bytes": self._process.memory_info().rss,
-                  "pinned_host_bytes": _reading(stats, PINNED_KEY),
+                  "pinned_host_bytes": _pinned_bytes(stats),
                   "pin_time_s": None if pin_us is None else (pin_us - (self._pin_us or 0)) / 1e6}
         self._pin_us = pin_us if pin_us is not None else self._pin_us
         return {field.name: values[field.name] for field in steps.fields("host")}
@@ -60,3 +58,9 @@ class HostMemoryMonitor:
 def _reading(stats: dict[str, Any] | None, key: str) -> int | None:
     """One statistic, None where there are none or this torch names it otherwise (never a made-up 0)."""
     return None if stats is None or key not in stats else int(stats[key])
+
+
+def _pinned_bytes(stats: dict[str, Any] | None) -> int | None:
+    """What the pinned allocator holds, under the name this torch gives it (PINNED_KEYS)."""
+    return next((_reading(stats, key) for key in PINNED_KEYS if stats is not None and key in stats), None)
+
