@@ -2,10 +2,11 @@
 
 `measurement_table`: per design point, its runs, their measured steps, the median over runs of each run's median
 with a 95% bootstrap interval, the spread between repeats, and what makes it suspect (too few measured steps, an
-unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload and budget, and over
-DeepCompile without offload at one workload, as a ratio of those medians with a two-level bootstrap interval
-(harness/contract/stats.py); an interval that holds 1 reads "no difference". `retry_table`: what the allocator's
-retries cost per design point, the slope of step time on retries per step.
+unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload and budget, over
+DeepCompile without offload at one workload, and composed with DeepCompile's speed passes over alone, as a ratio of
+those medians with a two-level bootstrap interval (harness/contract/stats.py); an interval that holds 1 reads "no
+difference". `retry_table`: what the allocator's retries cost per design point, the slope of step time on retries
+per step. `wall_time_table`: where each point's wall time went, and the campaign's device minutes.
 """
 from __future__ import annotations
 
