@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -310,12 +310,12 @@ def wall_parts(point: Mapping[str, Any], run: pd.DataFrame) -> dict[str, float |
             "other_s": float(wall) - compile_s - steps_s, "startup_s": startup}
 
 
-def _runs_of(group: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
-    """Every run of a design point, whatever its status (a run that ran out still used the device), with its steps
-    (the last attempt's: a re-run point's earlier attempts, under attempts/N/, are not read)."""
+def _steps_by_run(steps: pd.DataFrame) -> Callable[[Mapping[str, Any]], pd.DataFrame]:
+    """A point -> its steps (every step of the last attempt: a re-run point's earlier attempts, under attempts/N/,
+    are not read; none for a point that ran out before its first step), the sweep's steps grouped once."""
     by_run = dict(iter(steps.groupby(["sweep", "run_dir"]))) if not steps.empty else {}
     empty = pd.DataFrame({"phase_step": pd.Series(dtype=int), "step_time_s": pd.Series(dtype=float)})
-    return [(point, by_run.get((point["sweep"], point["run_dir"]), empty)) for point in group.to_dict("records")]
+    return lambda point: by_run.get((point["sweep"], point["run_dir"]), empty)
 
 
 def _seconds(values: Sequence[float | None]) -> float | None:
@@ -336,8 +336,11 @@ def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     """Per design point, where a run's wall time went (each part the median over its runs, every status: a run that
     ran out still used the device), and the device minutes all its runs took; a last line sums the campaign."""
     rows, lines = [], []
-    for row, label, group, _ in steps_by_design_point(points, steps):
-        parts = [wall_parts(point, run) for point, run in _runs_of(group, steps)]
+    points_design, steps_of = design(points), _steps_by_run(steps)
+    for row, group in _design_points(points, points_design):
+        label = points_design.label(row)
+        # every run, whatever its status: a run that ran out still used the device
+        parts = [wall_parts(point, steps_of(point)) for point in group.to_dict("records")]
         medians = {name: _seconds([part[name] for part in parts]) for name in WALL_TITLES}
         device_min = sum(part["wall_time_s"] or 0.0 for part in parts) / 60
         rows.append({**row, "n_runs": len(group), **medians, "device_min": device_min})
