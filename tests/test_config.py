@@ -60,15 +60,33 @@ def test_pr8186_rows_select_their_arm(row):
     assert cfg.model.name == "qwen3_14b" and cfg.train.micro_batch == 4
 
 
-def test_accumulation_rows_keep_one_global_batch_and_the_campaign_sweeps_every_row():
-    rows = options(REPO_ROOT / "experiments" / "accumulation_rows")
-    swept = compose_config(["experiments=accumulation"], hydra=True).hydra.sweeper.params
-    assert str(swept["+experiments/accumulation_rows"]).split(",") == sorted(rows, key=lambda row: int(row[2:]))
-    assert list(swept)[0] == "train.repeat"  # repeats vary slowest: interleaved
-    for row in rows:
+def test_accumulation_rows_keep_one_global_batch():
+    for row in options(REPO_ROOT / "experiments" / "accumulation_rows"):
         train = compose_config(["experiments=accumulation", f"+experiments/accumulation_rows={row}"]).train
         assert row == f"mb{train.micro_batch}" and train.micro_batch * train.grad_accum == 16
         assert train.measure_steps >= 20
+
+
+# The campaign's cut (issue: the rows that answer the micro-batch question): each row is (arm, micro-batch).
+ACCUMULATION_CUT = {"ours_mb1": ("offload", 1), "ds_mb1": ("ds_offload", 1), "ours_mb4": ("offload", 4),
+                    "ds_mb4": ("ds_offload", 4), "dc_mb4": ("deepcompile", 4)}
+
+
+def test_accumulation_campaign_sweeps_its_cut_interleaved():
+    swept = compose_config(["experiments=accumulation"], hydra=True).hydra.sweeper.params
+    assert list(swept) == ["train.repeat", "+experiments/accumulation_cut"]  # repeats vary slowest: interleaved
+    assert str(swept["train.repeat"]).split(",") == ["0", "1", "2"]
+    assert str(swept["+experiments/accumulation_cut"]).split(",") == list(ACCUMULATION_CUT)
+    for row, (arm, micro_batch) in ACCUMULATION_CUT.items():
+        cfg = compose_config(["experiments=accumulation", f"+experiments/accumulation_cut={row}"])
+        assert (cfg.arm.name, cfg.train.micro_batch, cfg.train.grad_accum) == (arm, micro_batch, 16 // micro_batch)
+        assert cfg.arm.schedule == "z3_only"
+
+
+def test_accumulation_full_grid_row_leaves_arm_and_micro_batch_to_the_command_line():
+    cfg = compose_config(["experiments=accumulation", "+experiments/accumulation_cut=grid", "arm=ds_offload",
+                          "+experiments/accumulation_rows=mb2"])
+    assert (cfg.arm.name, cfg.train.micro_batch, cfg.train.grad_accum) == ("ds_offload", 2, 8)
 
 
 # Published parameter counts of the shapes (Qwen3 model cards, Llama 3 paper).
