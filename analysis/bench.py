@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from harness.contract import reader, schema
-from harness.arms import BenchRole
+from harness.arms import BenchRole, known_class
 from harness.contract.checks import is_finite_number, lookup
 from harness.contract.envinfo import REPO_ROOT
 from harness.contract.reader import Problem
@@ -62,7 +62,7 @@ def points_of(sweep_dir: Path, files: reader.SweepFiles) -> list[dict]:
 def idle_knobs(config: dict) -> tuple[str, ...]:
     """The offload keys the point's arm reads but its other values left without effect (auto_rule beside a budget,
     say): a label leaves them out."""
-    arm_class = reader.arm_class(config)
+    arm_class = known_class(config)
     return arm_class.idle_offload_keys(_section(lookup(config, "offload", None))) if arm_class is not None else ()
 
 
@@ -78,7 +78,7 @@ def _section(value) -> Mapping:
 def bench_role(config: dict) -> str | None:
     """What the point's arm is in this benchmark (a BenchRole); None for an arm it does not compare, or one this
     checkout does not know."""
-    arm_class = reader.arm_class(config)
+    arm_class = known_class(config)
     return arm_class.bench_role if arm_class is not None else None
 
 

@@ -8,10 +8,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from harness.arms.registry import TARGET
+from harness.arms import known_class
 from harness.contract import schema
 from harness.contract.checks import lookup
-from harness.contract.reader import arm_class
+from harness.contract.arm_targets import TARGET
 
 # Config keys the analysis names by a short column: the arm's name, then every key the schema marks as a column
 # (harness/contract/schema/groups.py); other top-level arm knobs become arm_<knob>, and any other overridden key
@@ -87,7 +87,7 @@ def recorded_auto_rule(config: Mapping[str, Any], plan_rule: str | None, planned
     """The config with the auto rule that made the plan, where the config predates offload.auto_rule and our pass
     planned without a budget (`planned`: the run left a plan.json): its plan's rule `device_limit`, else (a plan
     naming a budget's rule, or none from before the device rule) DeepSpeed's `margin`. Any other config as it is."""
-    known = arm_class(config)
+    known = known_class(config)
     offload = config.get("offload")
     if not planned or known is None or "auto_rule" not in known.offload_keys or not isinstance(offload, Mapping) \
             or lookup(config, AUTO_RULE, MISSING) is not MISSING or schema.budget_given(offload):
@@ -99,7 +99,7 @@ def recorded_auto_rule(config: Mapping[str, Any], plan_rule: str | None, planned
 def arm_knobs(config: Mapping[str, Any]) -> set[str] | None:
     """The knobs the point's arm has (its class's fields): a key older configs wrote under `arm` that the class
     does not read (our pass's `schedule`, say) is no knob of it, and labels leave it out. None: an unknown arm."""
-    known = arm_class(config)
+    known = known_class(config)
     return None if known is None else {field.name for field in fields(known)}
 
 
@@ -107,7 +107,7 @@ def offload_as_the_arm_read_it(row: dict[str, Any], config: Mapping[str, Any]) -
     """The offload group's columns as they acted on the point: null for a key its arm does not read (every config
     has the group; DeepSpeed's pass reads the budget only, eager arms nothing), IDLE for one the arm reads but its
     other values left idle (Arm.idle_offload_keys). An unknown arm keeps every value."""
-    known = arm_class(config)
+    known = known_class(config)
     if known is None:
         return row
     offload = {name: lookup(config, OFFLOAD_GROUP + name, BEFORE_THE_KEY.get(OFFLOAD_GROUP + name))

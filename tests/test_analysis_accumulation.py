@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 from analysis import accumulation, capacity  # noqa: E402
 from analysis.fixtures.synthetic import write_point  # noqa: E402
 from analysis.load import load_sweep  # noqa: E402
-from analysis.plots import throughput_vs_micro_batch  # noqa: E402
+from analysis.throughput_figures import throughput_vs_micro_batch  # noqa: E402
 from analysis.report import run_notebook  # noqa: E402
 from analysis.tables import throughput_table  # noqa: E402
 

@@ -8,7 +8,7 @@ import matplotlib
 import pytest
 
 matplotlib.use("Agg")
-from analysis import capacity, plots  # noqa: E402
+from analysis import budget_figures, capacity, step_figures, throughput_figures  # noqa: E402
 from analysis.design import design, format_value  # noqa: E402
 from analysis.fixtures.synthetic import write_point  # noqa: E402
 from analysis.layout import unwrap  # noqa: E402
@@ -59,11 +59,11 @@ def mixed_sweep(tmp_path_factory):
 
 SWEEPS = {"fixture": FIXTURE, "capacity results": CAPACITY_RESULTS, "mixed knobs": None}
 BUILDERS = {
-    "step_time_vs_budget": lambda sweep: plots.step_time_vs_budget(sweep.points),
-    "peak_reserved_vs_budget": lambda sweep: plots.peak_reserved_vs_budget(sweep.points),
-    "throughput_vs_micro_batch": lambda sweep: plots.throughput_vs_micro_batch(sweep.points),
-    "step_time_per_step": lambda sweep: plots.step_series(sweep.points, sweep.steps, "step_time_s"),
-    "peak_reserved_per_step": lambda sweep: plots.step_series(sweep.points, sweep.steps, "peak_reserved_bytes"),
+    "step_time_vs_budget": lambda sweep: budget_figures.step_time_vs_budget(sweep.points),
+    "peak_reserved_vs_budget": lambda sweep: budget_figures.peak_reserved_vs_budget(sweep.points),
+    "throughput_vs_micro_batch": lambda sweep: throughput_figures.throughput_vs_micro_batch(sweep.points),
+    "step_time_per_step": lambda sweep: step_figures.step_series(sweep.points, sweep.steps, "step_time_s"),
+    "peak_reserved_per_step": lambda sweep: step_figures.step_series(sweep.points, sweep.steps, "peak_reserved_bytes"),
     "capacity_frontier": lambda sweep: [capacity.frontier_plot(sweep.points, size)
                                         for size in capacity.emulated_sizes(sweep.points)],
     "capacity_peak_reserved": lambda sweep: [capacity.peak_reserved_plot(sweep.points, size)
@@ -139,7 +139,7 @@ def test_labels_name_only_keys_that_vary_between_an_arms_points_in_a_fixed_order
 
 
 def test_the_mixed_sweep_labels_its_series_by_every_knob_that_varies_and_its_sweep_only_where_needed(mixed_sweep):
-    plot = plots.step_time_vs_budget(mixed_sweep.points)
+    plot = budget_figures.step_time_vs_budget(mixed_sweep.points)
     labels = set(point_labels(plot.figure, {"ds_offload", "offload", "zero3", "deepcompile"}))
     assert {"ds_offload, env.reserved_cap_gb=12", "ds_offload, env.reserved_cap_gb=null",
             "offload, reload=at_end, release=ordered, peak_cap_gb=12, env.reserved_cap_gb=12",
@@ -157,7 +157,7 @@ def test_a_key_that_varies_only_where_a_figure_shows_no_point_stays_out_of_its_l
     write_point(tmp_path, 2, arm="offload", budget_gb=8.0, micro_batch=4, status="oom", phase_times=[])
     sweep = load_sweep(tmp_path)
     assert "micro_batch" in design(sweep.points).shown["offload"]
-    plot = plots.step_series(sweep.points, sweep.steps)
+    plot = step_figures.step_series(sweep.points, sweep.steps)
     assert [unwrap(title.get_text()) for title in titles(plot.figure)] == \
         ["offload, budget_gb=4", "offload, budget_gb=8"]
 

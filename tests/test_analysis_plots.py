@@ -8,7 +8,7 @@ import pytest
 matplotlib.use("Agg")
 from matplotlib.colors import to_hex  # noqa: E402
 
-from analysis import plots  # noqa: E402
+from analysis import budget_figures, plots, step_figures, throughput_figures  # noqa: E402
 from analysis.fixtures.synthetic import write_point  # noqa: E402
 from analysis.layout import unwrap  # noqa: E402
 from analysis.load import load_sweep  # noqa: E402
@@ -46,9 +46,10 @@ def line_colours(figure):
 
 def test_each_arm_keeps_its_colour_in_every_figure(budget_sweep):
     allowed = {to_hex(colour) for colour, _ in plots.ARM_STYLES.values()} | {"#000000"}  # black: budget, boundaries
-    built = [plots.step_time_vs_budget(budget_sweep.points), plots.peak_reserved_vs_budget(budget_sweep.points),
-             plots.throughput_vs_micro_batch(budget_sweep.points),
-             plots.step_series(budget_sweep.points, budget_sweep.steps)]
+    built = [budget_figures.step_time_vs_budget(budget_sweep.points),
+             budget_figures.peak_reserved_vs_budget(budget_sweep.points),
+             throughput_figures.throughput_vs_micro_batch(budget_sweep.points),
+             step_figures.step_series(budget_sweep.points, budget_sweep.steps)]
     for plot in built:
         assert line_colours(plot.figure) <= allowed
     offload_colour, offload_marker = plots.ARM_STYLES["offload"]
@@ -59,7 +60,7 @@ def test_each_arm_keeps_its_colour_in_every_figure(budget_sweep):
 
 
 def test_step_time_vs_budget_draws_medians_with_iqr_and_offloaded_gb(budget_sweep):
-    plot = plots.step_time_vs_budget(budget_sweep.points)
+    plot = budget_figures.step_time_vs_budget(budget_sweep.points)
     step_time_ax, offloaded_ax = plot.figure.axes
     offload = errorbar_line(step_time_ax, "offload")
     measured = [[0.3 * 12 / b, 0.32 * 12 / b, 0.4 * 12 / b] for b in (2.0, 6.0, 10.0)]
@@ -81,7 +82,7 @@ def test_step_time_vs_budget_draws_medians_with_iqr_and_offloaded_gb(budget_swee
 
 
 def test_peak_reserved_vs_budget_draws_the_budget_line(budget_sweep):
-    plot = plots.peak_reserved_vs_budget(budget_sweep.points)
+    plot = budget_figures.peak_reserved_vs_budget(budget_sweep.points)
     ax = plot.figure.axes[0]
     [budget] = [line for line in ax.lines if line.get_label() == "budget"]
     assert np.allclose(budget.get_xdata(), budget.get_ydata())
@@ -95,7 +96,7 @@ def test_peak_reserved_vs_budget_draws_the_budget_line(budget_sweep):
 def test_peak_reserved_bars_span_the_repeats_in_gb(tmp_path):
     for repeat, peak in enumerate((3e9, 5e9)):
         write_point(tmp_path, repeat, arm="offload", budget_gb=4.0, repeat=repeat, peak_reserved=int(peak))
-    plot = plots.peak_reserved_vs_budget(load_sweep(tmp_path).points)
+    plot = budget_figures.peak_reserved_vs_budget(load_sweep(tmp_path).points)
     [row] = plot.data[plot.data["kind"] == "peak_reserved_gb"].to_dict("records")
     # the synthetic peak of step s is peak + s bytes; the last measured step is step 3
     assert np.allclose([row["y_low"], row["y"], row["y_high"]], [(p + 3) / 1e9 for p in (3e9, 4e9, 5e9)])
@@ -107,7 +108,7 @@ def test_throughput_vs_micro_batch_has_one_line_per_arm(tmp_path):
         write_point(tmp_path, job, arm=arm, micro_batch=micro_batch, seq_len=100,
                     phase_times=[(COMPILE, seconds, seconds * 1.1, seconds * 0.9)])
     write_point(tmp_path, 9, arm="offload", micro_batch=4, seq_len=100, status="died", phase_times=[])
-    plot = plots.throughput_vs_micro_batch(load_sweep(tmp_path).points)
+    plot = throughput_figures.throughput_vs_micro_batch(load_sweep(tmp_path).points)
     ax = plot.figure.axes[0]
     zero3 = errorbar_line(ax, "zero3")
     assert list(zero3.get_xdata()) == [1, 2, 4]
@@ -117,7 +118,7 @@ def test_throughput_vs_micro_batch_has_one_line_per_arm(tmp_path):
 
 
 def test_step_series_marks_phase_boundaries(budget_sweep):
-    plot = plots.step_series(budget_sweep.points, budget_sweep.steps)
+    plot = step_figures.step_series(budget_sweep.points, budget_sweep.steps)
     deepcompile_ax = next(ax for ax in plot.figure.axes if ax.get_title() == "deepcompile")
     boundaries = [line.get_xdata()[0] for line in deepcompile_ax.lines if line.get_linestyle() == "--"]
     assert boundaries == [2.5]  # phase 1 starts at step 3
@@ -128,7 +129,8 @@ def test_step_series_marks_phase_boundaries(budget_sweep):
 
 
 def test_same_inputs_give_identical_plot_data_and_files(budget_sweep, tmp_path):
-    build = [plots.step_time_vs_budget, plots.peak_reserved_vs_budget, plots.throughput_vs_micro_batch]
+    build = [budget_figures.step_time_vs_budget, budget_figures.peak_reserved_vs_budget,
+             throughput_figures.throughput_vs_micro_batch]
     for builder in build:
         first, again = builder(budget_sweep.points), builder(load_sweep(budget_sweep.points["sweep"][0]).points)
         for line, twin in zip(first.figure.axes[0].lines, again.figure.axes[0].lines, strict=True):
@@ -143,7 +145,7 @@ def test_same_inputs_give_identical_plot_data_and_files(budget_sweep, tmp_path):
 def test_budget_figures_of_a_sweep_without_offload_points_say_so(tmp_path):
     write_point(tmp_path, 0, arm="zero3", phase_times=[(COMPILE, 1.0, 1.2, 1.1)])
     write_point(tmp_path, 1, arm="zero_offload", phase_times=[(COMPILE, 2.0, 2.2, 2.1)])
-    for builder in (plots.step_time_vs_budget, plots.peak_reserved_vs_budget):
+    for builder in (budget_figures.step_time_vs_budget, budget_figures.peak_reserved_vs_budget):
         plot = builder(load_sweep(tmp_path).points)
         ax = plot.figure.axes[0]
         assert [text.get_text() for text in ax.texts] == ["no offload points in this sweep"]

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import plots
+from analysis import budget_figures, plots, step_figures, throughput_figures
 from analysis.load import load_sweep
 from analysis.measurement import retry_table
 from analysis.render import write_table
@@ -134,9 +134,9 @@ def test_report_files_equal_the_library_output_byte_for_byte(report, tmp_path):
                   budget_table(sweep.points), retry_table(sweep.points, sweep.steps)):
         for path in write_table(table, tmp_path):
             assert path.read_bytes() == (out_dir / "tables" / path.name).read_bytes(), path.name
-    for plot, folder in ((plots.throughput_vs_micro_batch(sweep.points), "figures"),
-                         (plots.step_time_vs_budget(sweep.points), "figures"),
-                         (plots.step_series(sweep.points, sweep.steps), "figures/diagnostics")):
+    for plot, folder in ((throughput_figures.throughput_vs_micro_batch(sweep.points), "figures"),
+                         (budget_figures.step_time_vs_budget(sweep.points), "figures"),
+                         (step_figures.step_series(sweep.points, sweep.steps), "figures/diagnostics")):
         data = plots.save_plot(plot, tmp_path)[-1]
         assert data.read_bytes() == (out_dir / folder / data.name).read_bytes(), data.name
 

@@ -15,7 +15,7 @@ from analysis import capacity, plots, tables
 from conftest import driver_env
 from harness import arms
 from harness.arms.registry import TARGET
-from harness.driver.compose import compose_point
+from harness.config.compose import compose_point
 from harness.contract.errors import ConfigError
 from harness.driver.validate import validate
 

@@ -18,7 +18,8 @@ import pytest
 
 import conftest
 from conftest import driver_env
-from harness.driver import compose, launch
+from harness.config import compose
+from harness.driver import launch
 from harness.cluster import nodes, preview, stops
 from harness.contract.errors import ConfigError
 from harness.contract.runfiles import read_jsonl
@@ -66,7 +67,7 @@ def test_every_node_of_a_job_meets_on_the_first_host_with_its_ranks_fixed_by_its
     commands = []
     for node_rank in (0, 1):
         place = nodes.this_node(preview.job_environment(["gpu01", "gpu02"], node_rank, "123456"))
-        commands.append(launch.torchrun_command(Path("RUN"), nodes.launcher_for_node(launcher, place)))
+        commands.append(nodes.torchrun_command(Path("RUN"), nodes.launcher_for_node(launcher, place)))
     assert [word for word in commands[0] if word != "--node_rank=0"] == \
         [word for word in commands[1] if word != "--node_rank=1"]  # node 1 holds ranks 8-15, whoever joins first
     assert "--rdzv_endpoint=gpu01:30956" in commands[0]  # 29500 + 123456 % 2000
@@ -80,7 +81,7 @@ def test_every_node_of_a_job_meets_on_the_first_host_with_its_ranks_fixed_by_its
 def test_one_node_points_stay_standalone_or_take_a_free_localhost_port():
     alone = nodes.NodePlace(0, 1, ("host",))
     standalone = {"nproc_per_node": 2, "nnodes": 1, "rdzv_backend": None}
-    assert "--standalone" in launch.torchrun_command(Path("RUN"), nodes.launcher_for_node(standalone, alone))
+    assert "--standalone" in nodes.torchrun_command(Path("RUN"), nodes.launcher_for_node(standalone, alone))
     first, second = (nodes.launcher_for_node({**standalone, "rdzv_backend": "c10d"}, alone) for _ in range(2))
     assert first["rdzv_endpoint"].startswith("localhost:") and first["rdzv_endpoint"] != second["rdzv_endpoint"]
 

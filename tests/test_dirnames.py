@@ -1,5 +1,5 @@
 """Point folder names stay under the filesystem's 255-byte name limit whatever the overrides."""
-from harness.driver.dirnames import MAX_BYTES, bounded_dirname
+from harness.config.dirnames import MAX_BYTES, bounded_dirname
 from harness.contract.runfiles import job_order
 
 
@@ -43,7 +43,7 @@ def test_the_name_is_read_from_the_overrides_as_written():
     """Hydra resolves `${...}` in hydra.job.override_dirname when it is read; the folder name must not."""
     from omegaconf import OmegaConf, open_dict
 
-    from harness.driver.compose import compose_point
+    from harness.config.compose import compose_point
 
     cfg = compose_point(["env.pytorch_cuda_alloc_conf=${oc.env:HARNESS_TEST_UNSET}"], with_hydra=True)
     with open_dict(cfg):

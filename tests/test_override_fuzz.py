@@ -15,7 +15,7 @@ from omegaconf import OmegaConf, open_dict
 from conftest import TINY_RUN, driver_env, schema_keys
 from harness.driver import app
 from harness.cluster import nodes
-from harness.driver.compose import compose_point
+from harness.config.compose import compose_point
 from harness.contract.errors import ConfigError
 from harness.contract.runfiles import read_jsonl
 

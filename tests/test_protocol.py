@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from harness import arms
 from harness.rank import machine
 from harness.contract import protocol
-from harness.driver.compose import compose_point
+from harness.config.compose import compose_point
 from harness.contract.steps import phase_of, summarize_phases
 from harness.contract.stats import median_interval, ratio_interval, runs_interval
 

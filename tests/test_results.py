@@ -192,17 +192,18 @@ def committed_plots(campaign: Path) -> dict[str, tuple[Path, object]]:
     import matplotlib
 
     matplotlib.use("Agg")
-    from analysis import accumulation, capacity, plots
+    from analysis import (accumulation, budget_figures, capacity, comparison_figures, step_figures,
+                          throughput_figures)
     from analysis.load import load_sweep
 
     sweep = load_sweep(campaign / "sweep")
     points, steps = sweep.points, sweep.steps
-    builders = {"throughput_vs_micro_batch": lambda: plots.throughput_vs_micro_batch(points),
-                "step_time_vs_budget": lambda: plots.step_time_vs_budget(points),
-                "peak_reserved_vs_budget": lambda: plots.peak_reserved_vs_budget(points),
-                "step_time_by_arm": lambda: plots.step_time_by_arm(points, steps),
-                "step_time_s_per_step": lambda: plots.step_series(points, steps, "step_time_s"),
-                "peak_reserved_bytes_per_step": lambda: plots.step_series(points, steps, "peak_reserved_bytes")}
+    builders = {"throughput_vs_micro_batch": lambda: throughput_figures.throughput_vs_micro_batch(points),
+                "step_time_vs_budget": lambda: budget_figures.step_time_vs_budget(points),
+                "peak_reserved_vs_budget": lambda: budget_figures.peak_reserved_vs_budget(points),
+                "step_time_by_arm": lambda: comparison_figures.step_time_by_arm(points, steps),
+                "step_time_s_per_step": lambda: step_figures.step_series(points, steps, "step_time_s"),
+                "peak_reserved_bytes_per_step": lambda: step_figures.step_series(points, steps, "peak_reserved_bytes")}
     for size in capacity.emulated_sizes(points):
         for build in (capacity.frontier_plot, capacity.peak_reserved_plot):
             builders[build(points, size).name] = lambda build=build, size=size: build(points, size)

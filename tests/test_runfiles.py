@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.contract import runfiles
-from harness.driver.compose import compose_point
+from harness.config.compose import compose_point
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ from harness import arms
 from analysis import bench
 from harness.contract import schema
 from harness.contract.checks import Choice, Number
-from harness.driver.compose import compose_point
+from harness.config.compose import compose_point
 from harness.contract.errors import ConfigError
 from harness.offload import plan, runtime
 from harness.contract.schema.fields import SOMETIMES, check_fields, rules

@@ -5,7 +5,7 @@ from omegaconf import OmegaConf
 from conftest import schema_keys
 from harness import arms
 from harness.contract.checks import Choice, Number
-from harness.driver.compose import compose_point, resolve
+from harness.config.compose import compose_point, resolve
 from harness.contract.errors import ConfigError
 from harness.driver.validate import validate
 

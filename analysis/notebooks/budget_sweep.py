@@ -23,7 +23,7 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from analysis import plots
+from analysis import budget_figures
 from analysis.notebook import open_report
 from analysis.tables import budget_table
 
@@ -33,8 +33,8 @@ report = open_report(sweep_dir, out_dir)
 report.table(budget_table(report.points))
 
 # %%
-if plots.budget_swept(report.points):
-    report.figure(plots.step_time_vs_budget(report.points))
-    report.figure(plots.peak_reserved_vs_budget(report.points))
+if budget_figures.budget_swept(report.points):
+    report.figure(budget_figures.step_time_vs_budget(report.points))
+    report.figure(budget_figures.peak_reserved_vs_budget(report.points))
 else:
     print("one budget for every offload point: no figures against the budget")

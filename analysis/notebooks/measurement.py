@@ -25,7 +25,7 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from analysis import plots
+from analysis import comparison_figures
 from analysis.measurement import comparison_table, measurement_table, retry_table, wall_time_table
 from analysis.notebook import open_report
 
@@ -63,5 +63,5 @@ comparisons.display
 report.table(wall_time_table(report.points, report.steps))
 
 # %%
-if plots.arms_at_one_point(report.points):
-    report.figure(plots.step_time_by_arm(report.points, report.steps))
+if comparison_figures.arms_at_one_point(report.points):
+    report.figure(comparison_figures.step_time_by_arm(report.points, report.steps))

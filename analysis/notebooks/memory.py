@@ -23,7 +23,7 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from analysis import plots
+from analysis import step_figures
 from analysis.notebook import open_report
 from analysis.tables import has_predictions, has_transfers, memory_table, prediction_table, transfers_table
 
@@ -37,4 +37,4 @@ if has_predictions(report.points):  # the planner's step model against the measu
     report.table(prediction_table(report.points, report.steps))
 
 # %%
-report.diagnostic(plots.step_series(report.points, report.steps, "peak_reserved_bytes"));
+report.diagnostic(step_figures.step_series(report.points, report.steps, "peak_reserved_bytes"));

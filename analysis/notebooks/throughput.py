@@ -25,7 +25,7 @@ sweep_dir = "analysis/fixtures/sweep"  # a multirun dir: multirun/<sweep.name>/<
 out_dir = "report"
 
 # %%
-from analysis import plots
+from analysis import step_figures, throughput_figures
 from analysis.accumulation import accumulation_lines, write_accumulation_files
 from analysis.design import varies
 from analysis.notebook import open_report
@@ -42,7 +42,7 @@ report.table(throughput_table(report.points))
 
 # %%
 if varies(report.points["micro_batch"]):
-    report.figure(plots.throughput_vs_micro_batch(report.points))
+    report.figure(throughput_figures.throughput_vs_micro_batch(report.points))
 else:
     print("one micro-batch in this sweep: no figure against it")
 
@@ -57,4 +57,4 @@ if written:
     print("\n".join(str(path.relative_to(report.out_dir)) for path in written))
 
 # %%
-report.diagnostic(plots.step_series(report.points, report.steps, "step_time_s"));
+report.diagnostic(step_figures.step_series(report.points, report.steps, "step_time_s"));

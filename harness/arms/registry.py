@@ -1,6 +1,7 @@
 """Which class an arm config means, without ever importing a module because a config file names it.
 
-Known classes come from three places, none of them a run dir:
+The known arms' names and dotted paths are the contract's (harness/contract/arm_targets.py: conf/arm/, installed
+entry points, the driver's command line); this module imports the classes they name and registers them against it:
 - the arms package: conf/arm/NAME.yaml registers NAME, its `_target_` a class in harness/arms/;
 - installed packages: an entry point NAME = "module:Class" in the group ENTRY_POINT_GROUP;
 - the driver's own command line: an arm kept outside the repo (`--config-dir DIR`, its YAML in DIR/arm/) is admitted
@@ -12,23 +13,18 @@ from __future__ import annotations
 
 import logging
 import importlib
-import importlib.metadata
 import os
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from harness.arms.base import Arm
-from harness.contract.envinfo import REPO_ROOT
+from harness.contract import arm_targets
+from harness.contract.arm_targets import ENTRY_POINT_GROUP, TARGET
 from harness.contract.errors import ConfigError
+from harness.contract.schema.fields import check_fields, check_value, rules
 
 logger = logging.getLogger(__name__)
 
-TARGET = "_target_"
-ARM_CONF_DIR = REPO_ROOT / "conf" / "arm"
-ARMS_PACKAGE = "harness.arms"
-ENTRY_POINT_GROUP = "offload_harness.arms"
 ADMITTED_ENV = "HARNESS_ADMITTED_ARM"  # the class the driver admitted, for the ranks it starts
 
 _admitted: dict[str, type[Arm]] = {}  # dotted path -> class, admitted in this process
@@ -58,20 +54,13 @@ def _arm_class(found: Any, target: str) -> type[Arm]:
 @lru_cache(maxsize=None)
 def registered() -> dict[str, type[Arm]]:
     """name -> class of every arm in conf/arm/ (classes of the arms package), then of every installed entry point
-    (a name conf/arm/ has keeps its class)."""
-    classes = {}
-    for path in sorted(ARM_CONF_DIR.glob("*.yaml")):
-        arm_cfg = yaml.safe_load(path.read_text())
-        target = str(arm_cfg[TARGET])
-        if not target.startswith(f"{ARMS_PACKAGE}."):
-            raise ConfigError(f"arm.{TARGET}", f"conf/arm/{path.name} names {target!r}, not a class of {ARMS_PACKAGE}")
-        classes[arm_cfg["name"]] = _import_class(target)
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name not in classes:
-            try:
-                classes[entry.name] = _arm_class(entry.load(), entry.value)
-            except Exception as error:  # a broken plug-in costs its arm, never the reader
-                logger.warning(f"warning: entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP}): {error}")
+    (a name conf/arm/ has keeps its class): the classes the contract's registry names."""
+    classes = {name: _import_class(target) for name, target in arm_targets.conf_targets().items()}
+    for name, target in arm_targets.entry_targets().items():
+        try:
+            classes[name] = _import_class(target)
+        except Exception as error:  # a broken plug-in costs its arm, never the reader
+            logger.warning(f"warning: entry point {name} = {target} ({ENTRY_POINT_GROUP}): {error}")
     return classes
 
 
@@ -81,6 +70,7 @@ def admit(arm_cfg: Mapping[str, Any]) -> None:
     target = arm_cfg.get(TARGET) if isinstance(arm_cfg, Mapping) else None
     if isinstance(target, str) and target and _known(target) is None:
         _admitted[target] = _import_class(target)
+        arm_targets.admit(target)
 
 
 def admit_handed(arm_cfg: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> None:
@@ -113,13 +103,34 @@ def class_of(arm_cfg: Mapping[str, Any]) -> type[Arm]:
     if target:
         found = _known(str(target))
         if found is None:
-            raise ConfigError(f"arm.{TARGET}", f"unknown arm class {target!r}: not an arm of {ARMS_PACKAGE}, of an "
-                              f"entry point ({ENTRY_POINT_GROUP}) or of the driver's command line")
+            raise arm_targets.unknown_target(str(target))
         return found
     name = arm_cfg.get("name")
     if not isinstance(name, str) or name not in registered():
         raise ConfigError("arm.name", f"unknown arm {name!r}; expected one of {sorted(registered())}")
     return registered()[name]
+
+
+def known_class(config: Mapping[str, Any]) -> type[Arm] | None:
+    """The known class of a point's arm (a run dir's config), or None for an unknown arm (never imported)."""
+    arm = config.get("arm")
+    try:
+        return class_of(arm) if isinstance(arm, Mapping) else None
+    except ConfigError:
+        return None
+
+
+def check_knobs(arm_cfg: Mapping[str, Any]) -> None:
+    """The arm group's values by its class (the schema hands the arm group here, harness/contract/schema/); a knob
+    of another arm that a campaign sets for every arm (arm.schedule under arm=zero3) is checked as that arm checks
+    it."""
+    own = class_of(arm_cfg)
+    other_knobs = [name for other in registered().values() for name in rules(other)]
+    check_fields("arm", own, arm_cfg, also_known=[TARGET, *other_knobs])
+    for other in registered().values():
+        for name, rule in rules(other).items():
+            if name in arm_cfg and name not in rules(own) and rule.check is not None:
+                check_value(f"arm.{name}", rule, arm_cfg[name])
 
 
 def from_config(arm_cfg: Mapping[str, Any]) -> Arm:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import time
+from abc import abstractmethod
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -57,7 +58,13 @@ def executor_parameters(launcher_params: Mapping[str, Any], requeue: bool) -> di
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
-    """hydra-submitit-launcher's SLURM launcher with the requeue policy and the bounded wait described above."""
+    """hydra-submitit-launcher's SLURM launcher with the requeue policy and the bounded wait described above. A point
+    whose job left no result is recorded by `record_failure`, the driver's own, which the class Hydra instantiates
+    hands in (hydra_plugins/harness_launcher): the cluster side never imports the driver."""
+
+    @abstractmethod
+    def record_failure(self, cfg, run_dir: Path, place: NodePlace, status: str, reason: str) -> str:
+        """Record a point the driver could not finish (harness.driver.app.record_failure); returns `status`."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import submitit
@@ -93,8 +100,6 @@ class SlurmLauncher(SubmititSlurmLauncher):
     def record(self, overrides: list[str], job_num: int, status: str, reason: str) -> None:
         """Record a point whose job left no result, in its run dir (made here if the job never ran), unless its
         driver recorded this attempt already."""
-        from harness.driver.app import record_failure
-
         sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         with open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.num = job_num
@@ -104,7 +109,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
             (run_dir / runfiles.HYDRA_DIR).mkdir(exist_ok=True)
             runfiles.write_atomic(run_dir / runfiles.OVERRIDES, OmegaConf.to_yaml(overrides))
         task_config = OmegaConf.masked_copy(sweep_config, [key for key in sweep_config if key != "hydra"])
-        record_failure(task_config, run_dir, NodePlace(0, 1, (socket.gethostname(),)), status, reason)
+        self.record_failure(task_config, run_dir, NodePlace(0, 1, (socket.gethostname(),)), status, reason)
 
 
 def wait_for_job(paths, job_id: str) -> str | None:

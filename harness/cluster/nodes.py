@@ -13,11 +13,11 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.driver import launch
 from harness.contract.errors import ConfigError
 
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 29500, 2000  # below Linux's ephemeral range, so no client socket holds it
@@ -148,4 +148,41 @@ def node_command(config: Mapping[str, Any], run_dir: Path, place: NodePlace,
                  cuda: bool | None = None) -> tuple[list[str], dict[str, str]]:
     """The torchrun command and worker environment this node's driver runs for a point."""
     launcher = launcher_for_node(config["launcher"], place)
-    return launch.torchrun_command(run_dir, launcher), launch.worker_env(config, cuda)
+    return torchrun_command(run_dir, launcher), worker_env(config, cuda)
+
+
+def torchrun_command(run_dir: Path, launcher: dict[str, Any]) -> list[str]:
+    """torchrun for one point: standalone on one node, else a rendezvous at launcher.rdzv_endpoint: c10d (ranks
+    by join order) or static (this node's ranks fixed by launcher.node_rank)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={launcher['nproc_per_node']}",
+           "--max_restarts=0", "--monitor_interval=1"]
+    nnodes, backend = launcher.get("nnodes", 1), launcher.get("rdzv_backend") or "c10d"
+    if nnodes == 1 and not launcher.get("rdzv_endpoint"):
+        return cmd + ["--standalone", "-m", "harness.rank.worker", str(run_dir)]
+    cmd += [f"--nnodes={nnodes}", f"--rdzv_backend={backend}", f"--rdzv_endpoint={launcher['rdzv_endpoint']}",
+            f"--rdzv_id={launcher.get('rdzv_id', 'harness')}"]
+    if backend == "static":
+        cmd.append(f"--node_rank={launcher.get('node_rank', 0)}")
+    if launcher.get("dist_timeout_min"):  # a node that never joins fails the point, like a hung collective
+        timeout_key = "timeout" if backend == "static" else "join_timeout"
+        cmd.append(f"--rdzv_conf={timeout_key}={int(launcher['dist_timeout_min'] * 60)}")
+    return cmd + ["-m", "harness.rank.worker", str(run_dir)]
+
+
+def worker_env(cfg: dict[str, Any], cuda: bool | None = None) -> dict[str, str]:
+    """The environment of this node's ranks (the driver adds the arm class it admitted, harness.arms.ADMITTED_ENV)."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if cuda is None:
+        import torch
+        cuda = torch.cuda.is_available()
+    if not cuda:  # CPU ranks share a few cores: one thread each avoids oversubscription (10x slower steps)
+        env.setdefault("OMP_NUM_THREADS", "1")
+    # A dead peer or a hung collective must end the point (as `died`), not hang it: NCCL's watchdog tears
+    # the rank down once a collective outlives the process-group timeout (DeepSpeed reads it, in minutes).
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if cfg["launcher"].get("dist_timeout_min"):
+        env["DEEPSPEED_TIMEOUT"] = str(int(cfg["launcher"]["dist_timeout_min"]))
+    if cfg["env"]["pytorch_cuda_alloc_conf"]:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = cfg["env"]["pytorch_cuda_alloc_conf"]
+    return env

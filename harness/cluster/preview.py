@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from harness.contract import runfiles
 from harness.cluster.launcher import with_requeue
 from harness.cluster.nodes import expand_nodelist, node_command, this_node
-from harness.driver.compose import compose_point, sweep_points
+from harness.config.compose import compose_point, sweep_points
 from harness.contract.errors import ConfigError
 
 

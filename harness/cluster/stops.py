@@ -17,10 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from harness.driver import launch
 from harness.contract import runfiles
 from harness.cluster.nodes import NodePlace
-from harness.driver.launch import LaunchResult
 
 logger = logging.getLogger(__name__)
 
@@ -132,23 +130,6 @@ def requeue_job(place: NodePlace) -> bool:
 
 def node_failure_path(run_dir: Path, node_rank: int) -> Path:
     return Path(run_dir) / runfiles.node_failure(node_rank)
-
-
-def report_failure(result: LaunchResult, run_dir: Path, place: NodePlace, log_name: str,
-                   peers: Callable[[], str | None] | None) -> None:
-    """What this node's failed launch leaves for the point's record: an error file for each of its ranks a
-    signal killed; on a multi-node point, its failure (the other nodes stop at once) and, on node 0, the failure
-    another node reports (in `result.peer_failure`) when no rank of node 0 was killed: the cause may be there."""
-    if result.returncode == 0 or result.stopped_as or result.timed_out:
-        return
-    died = not result.stalled  # else the harness stopped the ranks
-    killed = launch.record_killed_ranks(run_dir, log_name, f"node {place.node_rank} ({socket.gethostname()})") \
-        if died else {}
-    if peers is None or result.peer_failure:
-        return
-    write_node_failure(run_dir, place, result.returncode)
-    if died and place.primary and not killed:
-        result.peer_failure = await_peer_failure(peers)
 
 
 def await_peer_failure(watch: Callable[[], str | None], seconds: float = PEER_REPORT_WAIT_S) -> str | None:

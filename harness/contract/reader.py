@@ -1,7 +1,7 @@
 """Run files read by someone who did not write them: `harness bench`, the report (analysis.load and its notebooks)
 and the sweep index all read a sweep dir through this one reader, which
 - never imports a module because a file names it: an arm's class is looked up among the known ones
-  (harness.arms.registry), and a run dir naming another is read as an unknown arm, with one warning;
+  (harness/contract/arm_targets.py), and a run dir naming another is read as an unknown arm, with one warning;
 - never follows a path out of the sweep dir: an index entry or a run dir that leads elsewhere is refused;
 - turns each bad file into one Problem naming it and reads on: a point without a readable config.yaml or
   summary.json is left out, a bad env.json, plan.json or bad steps.jsonl lines only cost those columns or rows.
@@ -16,9 +16,8 @@ from typing import Any
 
 import yaml
 
-from harness.contract import runfiles
+from harness.contract import arm_targets, runfiles
 from harness.contract.checks import is_finite_number, lookup
-from harness.contract.errors import ConfigError
 from harness.contract.statuses import STATUSES
 
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
@@ -309,24 +308,10 @@ def read_steps(steps_file: Path, steps_completed: Any, problems: list[Problem]) 
 def arm_problem(config: Mapping[str, Any], config_file: Path) -> Problem | None:
     """One warning for a run dir whose arm.`_target_` names a class this checkout does not know: it is read as an
     unknown arm (its name kept as a label), and nothing it names is imported."""
-    from harness import arms
-
     arm = config.get("arm")
-    if not isinstance(arm, Mapping) or not arm.get(arms.TARGET):
+    if not isinstance(arm, Mapping) or not arm.get(arm_targets.TARGET):
         return None
-    try:
-        arms.class_of(arm)
-    except ConfigError as error:
-        return Problem(str(config_file), f"{error.message}; read as an unknown arm")
-    return None
-
-
-def arm_class(config: Mapping[str, Any]):
-    """The known class of a point's arm, or None for an unknown arm (never imported)."""
-    from harness import arms
-
-    arm = config.get("arm")
-    try:
-        return arms.class_of(arm) if isinstance(arm, Mapping) else None
-    except ConfigError:
+    target = str(arm[arm_targets.TARGET])
+    if arm_targets.is_known(target):
         return None
+    return Problem(str(config_file), f"{arm_targets.unknown_target(target).message}; read as an unknown arm")

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from harness.driver import dirnames
+from harness.config import dirnames
 from harness.contract.envinfo import REPO_ROOT
 
 os.environ.setdefault("HARNESS_ROOT", str(REPO_ROOT))  # conf/config.yaml puts the repo root on the search path
@@ -28,7 +28,8 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness import arms  # noqa: E402
-from harness.driver import compose, console, estimate, launch, progress  # noqa: E402
+from harness.config import compose  # noqa: E402
+from harness.driver import console, estimate, launch, progress  # noqa: E402
 from harness.rank import emulated_device, machine  # noqa: E402
 from harness.contract import exits, logs, protocol, runfiles  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
@@ -117,6 +118,9 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
         return build_summary(config, "skipped", f"arm {arm.name} needs CUDA; this machine has no GPU", [], 0.0, {})
 
     cmd, worker_env = nodes.node_command(config, run_dir, place)
+    admitted = arms.handed_to_ranks(config["arm"])
+    if admitted:  # an arm from the driver's command line: the ranks may import it on their driver's word
+        worker_env[arms.ADMITTED_ENV] = admitted
     launcher, steps = config["launcher"], config["train"]["steps"]
     multinode, log_name = launcher["nnodes"] > 1, runfiles.node_log(place.node_rank)
     stall = progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None
@@ -125,7 +129,7 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
     result = launch.run_workers(
         cmd, worker_env, run_dir, launcher["timeout_s"], log_name=log_name, stop_signals=stops.stop_signals(),
         name_stop=lambda signum: stops.stop_status(signum, end_time, time.time()), peer_failure=peers, stall=stall)
-    stops.report_failure(result, run_dir, place, log_name, peers)
+    launch.report_failure(result, run_dir, place, log_name, peers)
     rows = read_jsonl(run_dir / runfiles.STEPS)
     status, reason = launch.classify(result, run_dir, len(rows), steps)
     facts_path = run_dir / runfiles.WORKER
@@ -284,7 +288,7 @@ def hydra_app(cfg: DictConfig) -> str:
 
 def check_command_line(args: list[str]) -> None:
     """What the driver refuses before Hydra starts, as one ConfigError: an unknown group option, then what Hydra
-    itself would refuse (harness.driver.compose.check_command_line). Nothing is run or written."""
+    itself would refuse (harness.config.compose.check_command_line). Nothing is run or written."""
     check_group_choices(args, REPO_ROOT)
     compose.check_command_line(args)
 

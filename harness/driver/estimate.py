@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from harness import arms
 from harness.driver import console
-from harness.driver.compose import compose_point, sweep_points
+from harness.config.compose import compose_point, sweep_points
 from harness.contract.errors import ConfigError
 from harness.contract.units import GB
 

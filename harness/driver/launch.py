@@ -1,4 +1,5 @@
-"""Start a point's ranks with torchrun in their own process group, time them out, classify the outcome.
+"""Start a point's ranks with torchrun in their own process group (the command is harness/cluster/nodes.py's), time
+them out, record what a failed launch leaves (killed ranks, a failed node), classify the outcome.
 
 Each point runs in fresh processes, so an OOM, a dead rank or a hung collective is recorded as a
 status instead of taking the sweep down with it.
@@ -10,8 +11,8 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ from typing import Any, Callable
 
 import psutil
 
-from harness import arms
+from harness.cluster import stops
+from harness.cluster.nodes import NodePlace
 from harness.contract import runfiles
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
@@ -40,45 +42,6 @@ class LaunchResult:
     stop_signal: str | None = None   # its name, e.g. SIGTERM
     peer_failure: str | None = None  # another node of a multi-node point failed first
     stalled: str | None = None       # no new step for launcher.stall_timeout_s: why, naming the last step
-
-
-def torchrun_command(run_dir: Path, launcher: dict[str, Any]) -> list[str]:
-    """torchrun for one point: standalone on one node, else a rendezvous at launcher.rdzv_endpoint: c10d (ranks
-    by join order) or static (this node's ranks fixed by launcher.node_rank)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={launcher['nproc_per_node']}",
-           "--max_restarts=0", "--monitor_interval=1"]
-    nnodes, backend = launcher.get("nnodes", 1), launcher.get("rdzv_backend") or "c10d"
-    if nnodes == 1 and not launcher.get("rdzv_endpoint"):
-        return cmd + ["--standalone", "-m", "harness.rank.worker", str(run_dir)]
-    cmd += [f"--nnodes={nnodes}", f"--rdzv_backend={backend}", f"--rdzv_endpoint={launcher['rdzv_endpoint']}",
-            f"--rdzv_id={launcher.get('rdzv_id', 'harness')}"]
-    if backend == "static":
-        cmd.append(f"--node_rank={launcher.get('node_rank', 0)}")
-    if launcher.get("dist_timeout_min"):  # a node that never joins fails the point, like a hung collective
-        timeout_key = "timeout" if backend == "static" else "join_timeout"
-        cmd.append(f"--rdzv_conf={timeout_key}={int(launcher['dist_timeout_min'] * 60)}")
-    return cmd + ["-m", "harness.rank.worker", str(run_dir)]
-
-
-def worker_env(cfg: dict[str, Any], cuda: bool | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    if cuda is None:
-        import torch
-        cuda = torch.cuda.is_available()
-    if not cuda:  # CPU ranks share a few cores: one thread each avoids oversubscription (10x slower steps)
-        env.setdefault("OMP_NUM_THREADS", "1")
-    # A dead peer or a hung collective must end the point (as `died`), not hang it: NCCL's watchdog tears
-    # the rank down once a collective outlives the process-group timeout (DeepSpeed reads it, in minutes).
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    if cfg["launcher"].get("dist_timeout_min"):
-        env["DEEPSPEED_TIMEOUT"] = str(int(cfg["launcher"]["dist_timeout_min"]))
-    if cfg["env"]["pytorch_cuda_alloc_conf"]:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = cfg["env"]["pytorch_cuda_alloc_conf"]
-    admitted = arms.handed_to_ranks(cfg["arm"])
-    if admitted:  # an arm from the driver's command line: the ranks may import it on their driver's word
-        env[arms.ADMITTED_ENV] = admitted
-    return env
 
 
 def _pump(stream, log_path: Path, echo: Callable[[str], None]) -> None:
@@ -254,6 +217,23 @@ def record_killed_ranks(run_dir: Path, log_name: str, node: str) -> dict[int, st
         if not path.exists():
             runfiles.write_json(path, {"kind": "killed", "rank": rank, "message": f"killed by {name} on {node}"})
     return killed
+
+
+def report_failure(result: LaunchResult, run_dir: Path, place: NodePlace, log_name: str,
+                   peers: Callable[[], str | None] | None) -> None:
+    """What this node's failed launch leaves for the point's record: an error file for each of its ranks a
+    signal killed; on a multi-node point, its failure (the other nodes stop at once) and, on node 0, the failure
+    another node reports (in `result.peer_failure`) when no rank of node 0 was killed: the cause may be there."""
+    if result.returncode == 0 or result.stopped_as or result.timed_out:
+        return
+    died = not result.stalled  # else the harness stopped the ranks
+    killed = record_killed_ranks(run_dir, log_name, f"node {place.node_rank} ({socket.gethostname()})") \
+        if died else {}
+    if peers is None or result.peer_failure:
+        return
+    stops.write_node_failure(run_dir, place, result.returncode)
+    if died and place.primary and not killed:
+        result.peer_failure = stops.await_peer_failure(peers)
 
 
 def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wanted: int) -> tuple[str, str | None]:

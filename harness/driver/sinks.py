@@ -11,8 +11,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from harness.contract import exits, reader, runfiles
+from harness.contract.sweep_index import index_line
 from harness.contract.runfiles import UNNUMBERED, job_order
-from harness.contract.checks import lookup
 
 logger = logging.getLogger(__name__)
 
@@ -57,32 +57,6 @@ def mirror_to_wandb(run_dir: Path, logger_cfg: dict, config: dict, rows: list[di
         return {k: run.summary[k] for k in run.summary.keys()}
     finally:
         run.finish()
-
-
-def index_line(sweep_dir: Path, run_dir: Path) -> dict[str, Any] | None:
-    """The sweep index entry of one run dir, or None when it has no summary yet. Its files come through the one
-    reader of run dirs: MalformedFile (or OSError) for a summary it cannot read; a config without train.repeat (a
-    refused point's, say) gives a null repeat."""
-    summary_path = Path(run_dir) / runfiles.SUMMARY
-    if not summary_path.exists():
-        return None
-    summary = reader.read_summary(summary_path)
-    try:
-        config = reader.read_config(Path(run_dir) / runfiles.CONFIG)
-    except (OSError, reader.MalformedFile):
-        config = {}
-    final = summary.get("final") or {}
-    return {
-        "run_dir": str(Path(run_dir).relative_to(sweep_dir)),
-        "overrides": reader.hydra_overrides(Path(run_dir)),
-        "status": summary["status"], "reason": summary.get("reason"),
-        "arm": summary.get("arm"), "model": summary.get("model"),
-        "repeat": lookup(config, "train.repeat", None),
-        "final": {"step_time_s_median": (final.get("step_time_s") or {}).get("median"),
-                  "tokens_per_s_median": (final.get("tokens_per_s") or {}).get("median"),
-                  "peak_reserved_bytes_max": (final.get("peak_reserved_bytes") or {}).get("max"),
-                  "peak_allocated_bytes_max": (final.get("peak_allocated_bytes") or {}).get("max")},
-    }
 
 
 def index_lines(sweep_dir: Path) -> list[dict[str, Any]]:

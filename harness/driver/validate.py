@@ -27,10 +27,11 @@ def check_machine(cfg: dict[str, Any], gpu_count: int | None) -> None:
 def validate(cfg: dict[str, Any], gpu_count: int | None) -> None:
     """All checks; `gpu_count` is the node's GPU count (0 on a CPU machine, None where the machine is not the one
     that will run the point, as for the dry-run estimate)."""
-    schema.check_values(cfg)
-    schema.check_rules(cfg)
+    schema.check_values(cfg, arms.check_knobs)
+    arm = arms.from_config(cfg["arm"])
+    schema.check_rules(cfg, arm.phase_start_steps(cfg))
     check_machine(cfg, gpu_count)
-    arms.from_config(cfg["arm"]).check(cfg)
+    arm.check(cfg)
 
 
 # Config groups a command line may choose from, and the folder holding each one's options.

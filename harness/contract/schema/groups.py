@@ -15,15 +15,6 @@ COUNT = Number(low=0, integer=True)  # a step, a rank, a count
 WHOLE_ELEMENTS = Number(low=1, whole=True)  # an element count such as 5e7 (null: DeepSpeed's default)
 
 
-def total_steps(cfg: Mapping[str, Any]) -> int:
-    """The optimizer steps the point runs (train.steps, or what the measurement protocol makes of the arm's phases)."""
-    from harness import arms  # here only: the planner and the offload runtime read the schema alone
-    from harness.contract import protocol
-
-    starts = arms.from_config(cfg["arm"]).phase_start_steps(cfg)
-    return protocol.step_counts(cfg["train"], starts).total
-
-
 class Group:
     """A config group's schema."""
 
@@ -202,9 +193,11 @@ class DebugConfig(Group):
     copy_delay_us: Annotated[int, Number(low=0, high=1_000_000, integer=True)]
 
     @classmethod
-    def check(cls, cfg: Mapping[str, Any]) -> None:
-        """A step to look inside must be a step of the run; a fault must strike a step and a rank the run has."""
-        debug, steps = cfg["debug"], total_steps(cfg)
+    def check_steps(cls, cfg: Mapping[str, Any], steps: int) -> None:
+        """A step to look inside must be a step of the run; a fault must strike a step and a rank the run has.
+        `steps`: the optimizer steps the point runs (train.steps, or what the measurement protocol makes of the
+        arm's phases), which the schema alone does not know; run after every group's `check`."""
+        debug = cfg["debug"]
         for key in ("profile_step", "memory_trace_step"):
             value = debug[key]
             if value is not None and not value < steps:

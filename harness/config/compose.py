@@ -29,7 +29,7 @@ def _hydra(config_dirs: Sequence[str | Path] = ()) -> Iterator[Any]:
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
-    from harness.driver import dirnames
+    from harness.config import dirnames
     dirnames.register()
     backup = get_gh_backup()
     version.setbase("1.3")
