@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUBCOMMANDS = {"report": "analysis.report", "bench": "analysis.bench", "plan": "harness.offload.plan"}
+SUBCOMMANDS = {"report": "analysis.report", "bench": "analysis.bench", "plan": "harness.offload.plan_cli"}
 
 
 def main(argv: list[str] | None = None) -> None:

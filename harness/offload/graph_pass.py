@@ -44,7 +44,8 @@ from harness.offload import ops
 from harness.offload.graph_edit import (insert_end_backward, insert_head_ops, insert_release_sites, insert_reloads,
                                         profiled_node_names, release_site_names, strip_offload_ops)
 from harness.offload.profile_builder import ProfileBuilder, graph_nodes_profile, memory_records, readings_before
-from harness.offload.plan import Plan, PlanRecord, device_limit_bytes, plan_file_text, plan_offload
+from harness.offload.plan import device_limit_bytes, plan_offload
+from harness.offload.plan_record import Plan, PlanRecord, plan_file_text
 from harness.offload.runtime import OffloadRuntime
 from harness.offload.states import discover_tasks
 from harness.contract.units import GB
