@@ -25,7 +25,8 @@ out_dir = "report"
 # %%
 from analysis import plots
 from analysis.notebook import open_report
-from analysis.tables import has_predictions, has_transfers, memory_table, prediction_table, transfers_table
+from analysis.memory_tables import has_transfers, memory_table, transfers_table
+from analysis.prediction import has_predictions, prediction_table
 
 report = open_report(sweep_dir, out_dir)
 
