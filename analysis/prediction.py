@@ -1,6 +1,21 @@
-"""The planner's predicted peaks against the measured ones: each point's own plan (`prediction_table`).
-Each returns a `Table` (analysis.tables)."""
+"""The planner's predicted peaks against the measured ones: each point's own plan, calibrated on its own run
+(`prediction_table`), and each point planned again from another run's profile (`out_of_sample_table`). Each returns
+a `Table` (analysis.tables).
+
+The out-of-sample pairs come from `harness plan --out-of-sample SWEEP_DIR`, run as a command
+(`out_of_sample_pairs`): planning is the offload package's, which the analysis does not import (it reads run files
+through the contract alone), and the command's JSON is the hand-off. The report then always shows what the planner
+of its checkout predicts, and rebuilds byte for byte only while that holds.
+"""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -53,4 +68,63 @@ def prediction_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
             (row[PREDICTED] - measured_peak) / measured_peak
         line[("", "error")] = NOT_APPLICABLE if error is None else f"{error:+.1%}"
         lines.append(line)
-    return Table("prediction", values, display_frame(lines))
+    return Table("prediction", values, display_frame(lines),
+                 caption="In-sample: each point's plan is calibrated on its own run's steady step, measured before "
+                         "planning, so the error says how well that calibration carries over to the later steps of the "
+                         "same run. Out of sample (another run's profile): out_of_sample.md.")
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory `import harness` needs on the path
+PLAN_COMMAND = ("-m", "harness.cli", "plan", "--out-of-sample")
+
+
+def out_of_sample_pairs(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """`harness plan --out-of-sample SWEEP_DIR`'s pairs (harness/offload/out_of_sample.py); its warnings are printed
+    as they come. A failing command raises with its last line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT),
+                                                                    os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, *PLAN_COMMAND, str(sweep_dir)], capture_output=True, text=True, env=env)
+    for line in done.stderr.splitlines():
+        print(line)
+    if done.returncode != 0:
+        raise RuntimeError(f"harness plan --out-of-sample {sweep_dir} exited {done.returncode}: "
+                           f"{(done.stderr.strip().splitlines() or [''])[-1]}")
+    return json.loads(done.stdout)
+
+
+OUT_OF_SAMPLE_COLUMNS = ("profile from", "point predicted", "plan", "offloaded (GB)", "as it ran",
+                         "predicted peak (GB)", "measured peak (GB)", "error")
+NO_PAIR = "none: no other ok point of our pass with its model and shape"
+
+
+def out_of_sample_table(points: pd.DataFrame, pairs: Sequence[Mapping[str, Any]]) -> Table:
+    """One row per pair: the run dir whose profile planned, the point planned, the plan (rule, budget, bytes
+    offloaded, whether the point's own plan offloaded as much) and its predicted against the point's measured
+    peak; one row for each point that planned but has no pair, saying so."""
+    planned = points[points["plan_rule"].notna()] if "plan_rule" in points else points.iloc[0:0]
+    paired = {pair["profile_from"] for pair in pairs}
+    rows = [*({**pair} for pair in pairs),
+            *({"profile_from": run_dir, "point": None} for run_dir in planned["run_dir"] if run_dir not in paired)]
+    values = pd.DataFrame(rows, columns=["profile_from", "point", "rule", "budget_bytes", "offloaded_bytes",
+                                         "ran_offloaded_bytes", "predicted_peak_bytes", "measured_peak_bytes", "error"])
+    lines = [_pair_line(row) for row in values.to_dict("records")]
+    return Table("out_of_sample", values, display_frame(lines, [("", name) for name in OUT_OF_SAMPLE_COLUMNS]),
+                 caption="Each point of our pass planned again from another run's profile.json (harness plan "
+                         "--out-of-sample): that run's calibration, allocator overhead and graphs, this point's budget, "
+                         "rule, policies and device. 'as it ran': whether the point's own plan offloaded as much (the "
+                         "planner may have changed since). Error: (predicted - measured) / measured final-phase peak "
+                         "allocated, after its compile step.")
+
+
+def _pair_line(row: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    if is_missing(row["point"]):
+        return {("", "profile from"): row["profile_from"], ("", "point predicted"): NO_PAIR}
+    ran = row["ran_offloaded_bytes"]
+    as_it_ran = NOT_APPLICABLE if is_missing(ran) else "yes" if ran == row["offloaded_bytes"] else \
+        f"no ({ran / GB:.2f} GB ran)"
+    return {("", "profile from"): row["profile_from"], ("", "point predicted"): row["point"],
+            ("", "plan"): f"{row['rule']}, {row['budget_bytes'] / GB:.2f} GB",
+            ("", "offloaded (GB)"): f"{row['offloaded_bytes'] / GB:.2f}", ("", "as it ran"): as_it_ran,
+            ("", "predicted peak (GB)"): f"{row['predicted_peak_bytes'] / GB:.2f}",
+            ("", "measured peak (GB)"): f"{row['measured_peak_bytes'] / GB:.2f}",
+            ("", "error"): f"{row['error']:+.2%}"}

@@ -6,10 +6,12 @@ import argparse
 import dataclasses
 import math
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from harness.contract.errors import ConfigError
 from harness.contract.units import GB
+from harness.offload import out_of_sample
 from harness.offload.plan import (BUDGET_RULES, DEFAULT_BUDGET_RULE, RELEASE_POLICIES, RELOAD_POLICIES, Plan,
                                   device_limit_bytes, plan_offload)
 from harness.offload.profile import expect, load_profile, missing_readings
@@ -56,7 +58,12 @@ def _plan_from_args(args: argparse.Namespace, profile: dict, missing: tuple[str,
 def main(argv: list[str] | None = None) -> int:
     parser = _OneLineParser(prog="python -m harness.offload.plan",
                             description="Print the offload plan for a memory profile and a budget as JSON.")
-    parser.add_argument("--profile", required=True, help="profile.json of one rank")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--profile", help="profile.json of one rank")
+    source.add_argument("--out-of-sample", type=Path, metavar="SWEEP_DIR",
+                        help="plan every point of our pass in the sweep again from each other profile.json of its "
+                             "model and shape, as the point ran, and print the predicted against the measured peaks "
+                             "as JSON (out_of_sample.py)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget-gb", type=float, help="device memory budget in GB (1e9 bytes)")
     budget.add_argument("--budget-bytes", type=int, help="device memory budget in bytes")
@@ -72,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-cap-gb", type=float, default=None,
                         help="cap (GB) that releases and asap reloads are placed under; default: the budget")
     args = parser.parse_args(argv)
+    if args.out_of_sample is not None:
+        return _out_of_sample(parser, args)
     if args.budget_gb is None and args.budget_bytes is None and args.device_gb is None:
         parser.error("one of --budget-gb, --budget-bytes, --device-gb is required")
     try:
@@ -86,6 +95,25 @@ def main(argv: list[str] | None = None) -> int:
               "DeepSpeed's pass places it; peak and feasibility not predicted (null)", file=sys.stderr)
     print(plan.to_json())
     return 0
+
+
+def _out_of_sample(parser: _OneLineParser, args: argparse.Namespace) -> int:
+    """Each point planned as it ran: no budget, device or policy flags beside it."""
+    given = [flag for flag, value, default in (
+        ("--budget-gb", args.budget_gb, None), ("--budget-bytes", args.budget_bytes, None),
+        ("--device-gb", args.device_gb, None), ("--peak-cap-gb", args.peak_cap_gb, None),
+        ("--budget-rule", args.budget_rule, DEFAULT_BUDGET_RULE), ("--reload", args.reload, "asap"),
+        ("--release", args.release, "recorded")) if value != default]
+    if given:
+        parser.error(f"--out-of-sample plans each point as it ran; drop {', '.join(given)}")
+    if not args.out_of_sample.is_dir():
+        parser.error(f"--out-of-sample: {args.out_of_sample}: not a directory")
+    print(out_of_sample.pairs_json(out_of_sample.pairs(args.out_of_sample, warn=_warn)))
+    return 0
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

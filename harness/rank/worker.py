@@ -25,7 +25,7 @@ import torch.distributed as dist
 from harness import arms
 from harness.rank import emulated_device, machine, models
 from harness.contract import logs, protocol, runfiles
-from harness.rank.budget import resolve_budget_bytes
+from harness.contract.budget import resolve_budget_bytes
 from harness.rank.diagnostics import StepDiagnostics
 from harness.contract import steps
 from harness.contract.steps import phase_of

@@ -98,7 +98,7 @@ class TrainConfig(Group):
 
 @dataclass(frozen=True)
 class BudgetConfig(Group):
-    """The offload budget every offload arm plans against (resolved to bytes once, harness/rank/budget.py)."""
+    """The offload budget every offload arm plans against (resolved to bytes once, harness/contract/budget.py)."""
     budget_gb: Annotated[Optional[float], Number(low=0), COLUMN]
     budget_fraction: Annotated[Optional[float], Number(low=0, high=1), COLUMN]
     margin: Annotated[float, Number(low=0, high=1, high_open=True), COLUMN]

@@ -1,4 +1,5 @@
-"""Resolve the offload memory budget to bytes, once, so every offload arm plans against one number."""
+"""Resolve the offload memory budget to bytes, once, so every offload arm plans against one number (the worker on
+rank 0 before the run; `harness plan --out-of-sample` for a point planned again offline)."""
 from __future__ import annotations
 
 from harness.contract import schema
