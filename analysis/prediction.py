@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.columns import OVER_BUDGET
 from analysis.design import design, is_missing
 from analysis.load import GB
 from analysis.tables import NOT_APPLICABLE, Table, aggregate_repeats, cell, display_frame, runs_cell
@@ -107,7 +108,8 @@ def out_of_sample_table(points: pd.DataFrame, pairs: Sequence[Mapping[str, Any]]
             *({"profile_from": run_dir, "point": None} for run_dir in planned["run_dir"] if run_dir not in paired)]
     values = pd.DataFrame(rows, columns=["profile_from", "point", "rule", "budget_bytes", "offloaded_bytes",
                                          "ran_offloaded_bytes", "predicted_peak_bytes", "measured_peak_bytes", "error"])
-    lines = [_pair_line(row) for row in values.to_dict("records")]
+    over = dict(zip(points["run_dir"], points[OVER_BUDGET])) if OVER_BUDGET in points else {}
+    lines = [_pair_line(row, over.get(row["point"])) for row in values.to_dict("records")]
     return Table("out_of_sample", values, display_frame(lines, [("", name) for name in OUT_OF_SAMPLE_COLUMNS]),
                  caption="Each point of our pass planned again from another run's profile.json (harness plan "
                          "--out-of-sample): that run's calibration, allocator overhead and graphs, this point's budget, "
@@ -116,13 +118,15 @@ def out_of_sample_table(points: pd.DataFrame, pairs: Sequence[Mapping[str, Any]]
                          "allocated, after its compile step.")
 
 
-def _pair_line(row: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+def _pair_line(row: Mapping[str, Any], over_budget: float | None) -> dict[tuple[str, str], str]:
+    """A pair's cells; the point predicted says where it went over its budget."""
     if is_missing(row["point"]):
         return {("", "profile from"): row["profile_from"], ("", "point predicted"): NO_PAIR}
     ran = row["ran_offloaded_bytes"]
     as_it_ran = NOT_APPLICABLE if is_missing(ran) else "yes" if ran == row["offloaded_bytes"] else \
         f"no ({ran / GB:.2f} GB ran)"
-    return {("", "profile from"): row["profile_from"], ("", "point predicted"): row["point"],
+    point = row["point"] + (f", over budget by {over_budget / GB:.2f} GB" if over_budget else "")
+    return {("", "profile from"): row["profile_from"], ("", "point predicted"): point,
             ("", "plan"): f"{row['rule']}, {row['budget_bytes'] / GB:.2f} GB",
             ("", "offloaded (GB)"): f"{row['offloaded_bytes'] / GB:.2f}", ("", "as it ran"): as_it_ran,
             ("", "predicted peak (GB)"): f"{row['predicted_peak_bytes'] / GB:.2f}",

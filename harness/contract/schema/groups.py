@@ -129,6 +129,7 @@ class OffloadConfig(BudgetConfig):
     budget_rule: Annotated[Literal["deepspeed", "step_model"], COLUMN]
     peak_cap_gb: Annotated[Optional[float], Number(low=0), COLUMN]
     compose: Annotated[Literal["none", "prefetch", "prefetch_selective_gather"], COLUMN]  # DeepCompile's passes beside ours
+    if_infeasible: Annotated[Literal["run", "refuse"], COLUMN]  # a plan predicted over its budget: run it, flagged
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
