@@ -79,18 +79,16 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory `import harn
 PLAN_COMMAND = ("-m", "harness.cli", "plan", "--out-of-sample")
 
 
-def out_of_sample_pairs(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """`harness plan --out-of-sample SWEEP_DIR`'s pairs (harness/offload/out_of_sample.py); its warnings are printed
-    as they come. A failing command raises with its last line."""
+def out_of_sample_pairs(sweep_dir: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """`harness plan --out-of-sample SWEEP_DIR`'s pairs (harness/offload/out_of_sample.py) and its warning lines (a
+    profile that predicts no peak), for the notebook to show. A failing command raises with its last line."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT),
                                                                     os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, *PLAN_COMMAND, str(sweep_dir)], capture_output=True, text=True, env=env)
-    for line in done.stderr.splitlines():
-        print(line)
     if done.returncode != 0:
         raise RuntimeError(f"harness plan --out-of-sample {sweep_dir} exited {done.returncode}: "
                            f"{(done.stderr.strip().splitlines() or [''])[-1]}")
-    return json.loads(done.stdout)
+    return json.loads(done.stdout), done.stderr.splitlines()
 
 
 OUT_OF_SAMPLE_COLUMNS = ("profile from", "point predicted", "plan", "offloaded (GB)", "as it ran",

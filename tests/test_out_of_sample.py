@@ -95,5 +95,16 @@ def test_the_table_shows_each_pairs_error_and_says_where_a_point_has_none(sweep)
 
 @pytest.mark.slow
 def test_the_report_reads_the_pairs_through_the_command(sweep):
-    assert [(pair["profile_from"], pair["point"]) for pair in out_of_sample_pairs(sweep)] == \
+    pairs, warnings = out_of_sample_pairs(sweep)
+    assert [(pair["profile_from"], pair["point"]) for pair in pairs] == \
         [(pair.profile_from, pair.point) for pair in out_of_sample.pairs(sweep)]
+    assert warnings == []
+
+
+def test_a_profile_from_before_the_step_model_plans_nothing_and_says_so(sweep):
+    old = {key: value for key, value in profile(3.5).items() if key != "measured_start_bytes"}
+    (sweep / next(sweep.glob("0_*")).name / runfiles.PROFILE).write_text(json.dumps(old))
+    warnings: list[str] = []
+    found = out_of_sample.pairs(sweep, warn=warnings.append)
+    assert [(pair.profile_from[0], pair.point[0]) for pair in found] == [("1", "0")]
+    assert len(warnings) == 1 and "measured_start_bytes" in warnings[0] and "predicts no peak" in warnings[0]

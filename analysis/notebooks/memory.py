@@ -36,7 +36,9 @@ if has_transfers(report.points):  # our pass's copies: hidden (busy) against exp
     report.table(transfers_table(report.points))
 if has_predictions(report.points):  # the planner's step model against the measured peaks, in and out of sample
     report.table(prediction_table(report.points, report.steps))
-    report.table(out_of_sample_table(report.points, out_of_sample_pairs(sweep_dir)))
+    pairs, warnings = out_of_sample_pairs(sweep_dir)  # each profile planning the other points of its shape
+    print("\n".join(warnings) or "every profile predicts")
+    report.table(out_of_sample_table(report.points, pairs))
 
 # %%
 report.diagnostic(plots.step_series(report.points, report.steps, "peak_reserved_bytes"));
