@@ -102,7 +102,7 @@ def out_of_sample_table(points: pd.DataFrame, pairs: Sequence[Mapping[str, Any]]
     peak; one row for each point that planned but has no pair, saying so."""
     planned = points[points["plan_rule"].notna()] if "plan_rule" in points else points.iloc[0:0]
     paired = {pair["profile_from"] for pair in pairs}
-    rows = [*({**pair} for pair in pairs),
+    rows = [*(dict(pair) for pair in pairs),
             *({"profile_from": run_dir, "point": None} for run_dir in planned["run_dir"] if run_dir not in paired)]
     values = pd.DataFrame(rows, columns=["profile_from", "point", "rule", "budget_bytes", "offloaded_bytes",
                                          "ran_offloaded_bytes", "predicted_peak_bytes", "measured_peak_bytes", "error"])
@@ -123,7 +123,8 @@ def _pair_line(row: Mapping[str, Any], over_budget: float | None) -> dict[tuple[
     ran = row["ran_offloaded_bytes"]
     as_it_ran = NOT_APPLICABLE if is_missing(ran) else "yes" if ran == row["offloaded_bytes"] else \
         f"no ({ran / GB:.2f} GB ran)"
-    point = row["point"] + (f", over budget by {over_budget / GB:.2f} GB" if over_budget else "")
+    over = not is_missing(over_budget) and over_budget > 0
+    point = row["point"] + (f", over budget by {over_budget / GB:.2f} GB" if over else "")
     return {("", "profile from"): row["profile_from"], ("", "point predicted"): point,
             ("", "plan"): f"{row['rule']}, {row['budget_bytes'] / GB:.2f} GB",
             ("", "offloaded (GB)"): f"{row['offloaded_bytes'] / GB:.2f}", ("", "as it ran"): as_it_ran,

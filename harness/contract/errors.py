@@ -1,4 +1,5 @@
 """The one error type for bad input: it names the offending config key."""
+from harness.contract.units import GB
 
 
 class ConfigError(ValueError):
@@ -16,8 +17,8 @@ class PlanRefused(ConfigError):
 
     def __init__(self, predicted_bytes: int, budget_bytes: int, phase: int):
         self.shortfall_bytes = predicted_bytes - budget_bytes
-        super().__init__("offload.if_infeasible", f"refuse: the plan predicts a peak of {predicted_bytes / 1e9:.2f} GB "
-                         f"against its budget of {budget_bytes / 1e9:.2f} GB, {self.shortfall_bytes / 1e9:.2f} GB "
+        super().__init__("offload.if_infeasible", f"refuse: the plan predicts a peak of {predicted_bytes / GB:.2f} GB "
+                         f"against its budget of {budget_bytes / GB:.2f} GB, {self.shortfall_bytes / GB:.2f} GB "
                          f"short; refused before phase {phase}'s step 0")
 
 

@@ -11,16 +11,15 @@ graphs are that run's; the point planned takes only its configuration (budget, r
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.contract import reader, runfiles
-from harness.contract.budget import resolve_budget_bytes
+from harness.contract.budget import finished_peak_bytes, resolve_budget_bytes
 from harness.contract.checks import lookup
 from harness.contract.errors import ConfigError
-from harness.contract.steps import steady_peak_bytes
 from harness.offload import peak_cap_bytes
 from harness.offload.plan import Plan, device_limit_bytes, plan_offload
 from harness.offload.profile import load_profile, missing_readings
@@ -70,9 +69,9 @@ def plan_as(point: reader.RunFiles, profile: dict) -> Plan | None:
                         peak_cap_bytes(offload))
 
 
-def pairs(sweep_dir: str | Path, warn=print) -> list[Pair]:
+def pairs(sweep_dir: str | Path, warn: Callable[[str], None] = lambda line: None) -> list[Pair]:
     """Every (profile, other point of its shape) pair of the sweep, in run-dir order; `warn` gets one line per
-    profile that cannot predict a peak."""
+    profile that cannot predict a peak, or point that cannot be planned."""
     sweep_dir = Path(sweep_dir)
     planned = [point for point in reader.read_sweep(sweep_dir).points if point.plan is not None]
     found = []
@@ -90,7 +89,7 @@ def pairs(sweep_dir: str | Path, warn=print) -> list[Pair]:
                  "step model): it predicts no peak")
             continue
         for target in planned:
-            measured = steady_peak_bytes(target.steps) if target.summary.get("status") == "ok" else None
+            measured = finished_peak_bytes(target.summary.get("status"), target.steps)
             if target is source or shape(target.config) != shape(source.config) or measured is None:
                 continue
             try:
