@@ -3,8 +3,9 @@
     python -m analysis.bench SWEEP_DIR [SWEEP_DIR ...]
 
 For each offload budget found: final-phase median step time of every arm, the reserved-memory trajectory of the
-final phase with the allocator's retries in it, and the largest relative loss difference against `deepcompile`
-(same seed, same data); for our pass also the copy stall per step and the planner's predicted peak against the
+final phase with the allocator's retries in it, whether the point went over its budget ("over budget by 1.29 GB"),
+and the largest relative loss difference against a `deepcompile` point like it (LIKE_KEYS: same model, shape,
+accumulation, dtype and seed; where none ran, the line says so); for our pass also the copy stall per step and the planner's predicted peak against the
 measured one. Points run on an emulated device (`env.device_memory_gb`) or under an allocator ceiling
 (`env.reserved_cap_gb`) say so in their label. Then the comparisons, as the report's comparison table has them:
 our pass over DeepSpeed's (same workload, limits and budget) and over DeepCompile without offload, each a ratio of
@@ -20,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from harness.contract import reader, schema
+from harness.contract.budget import recorded_over_budget_bytes
 from harness.arms import BenchRole, known_class
 from harness.contract.checks import is_finite_number, lookup
 from harness.contract.envinfo import REPO_ROOT
@@ -30,6 +32,8 @@ KNOBS = schema.pass_knobs()  # our pass's, in the schema's order
 
 
 LIMITS = ("device_memory_gb", "reserved_cap_gb")  # an emulated device size, an allocator ceiling inside it
+# What a loss-parity reference shares with the point: the same model on the same batches in the same precision.
+LIKE_KEYS = ("model.name", "train.seq_len", "train.micro_batch", "train.grad_accum", "train.dtype", "train.seed")
 
 
 def load_points(sweep_dirs: list[Path], problems: list[Problem] | None = None) -> list[dict]:
@@ -55,7 +59,9 @@ def points_of(sweep_dir: Path, files: reader.SweepFiles) -> list[dict]:
                        "idle": idle_knobs(config),
                        "reserved_cap_gb": lookup(config, "env.reserved_cap_gb", None),
                        "device_memory_gb": lookup(config, "env.device_memory_gb", None),
-                       "rows": point.steps, "run_dir": Path(sweep_dir) / point.run_dir})
+                       "rows": point.steps, "run_dir": Path(sweep_dir) / point.run_dir,
+                       "like": tuple(lookup(config, key, None) for key in LIKE_KEYS),
+                       "over_budget_bytes": recorded_over_budget_bytes(point.summary, point.steps)})
     return points
 
 
@@ -171,18 +177,39 @@ def gb_text(n_bytes) -> str:
     return f"{n_bytes / GB:.2f} GB" if is_finite_number(n_bytes) else "-"
 
 
+def like_reference(point: dict, points: list[dict]) -> dict | None:
+    """The first ok reference point (no offload) that matches the point on LIKE_KEYS; None where none does."""
+    return next((p for p in points if is_reference(p) and p is not point and p["summary"]["status"] == "ok"
+                 and p["like"] == point["like"]), None)
+
+
+def loss_parity(point: dict, points: list[dict]) -> str:
+    """' | max rel loss diff vs deepcompile 1.00e-04', or where no reference point is like it, that there is none;
+    nothing for a reference point itself."""
+    if is_reference(point):
+        return ""
+    reference = like_reference(point, points)
+    if reference is None:
+        return " | loss parity: no reference of the same model, shape, accumulation, dtype and seed"
+    loss = max_rel_loss_diff(point["rows"], reference["rows"])
+    return f" | max rel loss diff vs {reference['arm']} {loss:.2e}" if loss is not None else ""
+
+
+def over_budget_text(point: dict) -> str:
+    over = point.get("over_budget_bytes")
+    return f" | over budget by {gb_text(over)}" if over else ""
+
+
 def report(points: list[dict]) -> str:
     lines = []
-    reference = next((p for p in points if is_reference(p) and p["summary"]["status"] == "ok"), None)
     for budget in sorted({p["budget_gb"] for p in points if not is_reference(p)}, key=lambda b: (b is None, b)):
         group = [p for p in points if p["budget_gb"] == budget or is_reference(p)]
         lines.append(f"== budget_gb={budget if budget is not None else 'auto'}")
         for p in group:
-            loss = max_rel_loss_diff(p["rows"], reference["rows"]) if reference and p is not reference else None
             median = final_median(p)
             lines.append(f"  {describe(p):<48} {p['summary']['status']:<7} final median "
-                         + (f"{median:.4f} s" if median is not None else "-")
-                         + (f" | max rel loss diff vs {reference['arm']} {loss:.2e}" if loss is not None else "")
+                         + (f"{median:.4f} s" if median is not None else "-") + over_budget_text(p)
+                         + loss_parity(p, points)
                          + f" | planned offload {gb_text(p['summary'].get('planned_offload_bytes'))}"
                          + f" | alloc retries {alloc_retries(p)}" + stall_and_prediction(p)
                          + f"\n      final-phase peak reserved GB per step: {run_lengths(reserved_trajectory_gb(p))}")

@@ -18,7 +18,8 @@ from harness.contract.arm_targets import TARGET
 # keeps its dotted name.
 CONFIG_COLUMNS = {"model.name": "model", "arm.name": "arm", **schema.config_columns()}
 # Keys added after some committed runs were recorded: what those runs did, which their config cannot name.
-BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed", "train.warmup_steps": 0, "offload.compose": "none"}
+BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed", "train.warmup_steps": 0, "offload.compose": "none",
+                  "offload.if_infeasible": "run"}
 # offload.auto_rule has no such constant: before the key, our pass planned without a budget by the device rule for
 # a while (its default then), and by DeepSpeed's margin before that. The plan says which (recorded_auto_rule).
 AUTO_RULE = "offload.auto_rule"
@@ -30,7 +31,9 @@ OOM_FIELDS = ("stage", "phase", "step", "requested_bytes", "free_bytes", "limit_
 OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
 # Columns saying where a point came from or what it measured, never how it was configured.
 PLAN_COLUMNS = ("plan_rule", "plan_budget_bytes")  # plan.json's (harness.reader.PlanFacts)
-RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS,
+OVER_BUDGET = "over_budget_bytes"  # summary.json's, or worked out for a summary from before it (contract.budget)
+RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", OVER_BUDGET,
+                            *SUMMARY_SCALARS,
                             *PLAN_COLUMNS,
                             *OOM_COLUMNS, "steady_reasons", "machine_flags"))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")

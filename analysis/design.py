@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from analysis.columns import CONFIG_COLUMNS, IDLE, is_design_column
+from analysis.columns import CONFIG_COLUMNS, IDLE, OVER_BUDGET, is_design_column
+from harness.contract.units import GB
 
 REPEAT_COLUMNS = ("repeat", "seed")
 # Columns that name where a point was run rather than how: a label shows one only where the other keys
@@ -63,6 +64,9 @@ class Design:
     keys: list[str]
     shown: dict[str, list[str]]
     values: dict[str, pd.DataFrame]
+    # per design point over its budget: (its key values as labels write them, the most over, runs over, runs)
+    over_budget: list[tuple[dict[str, str], float, int, int]] = field(default_factory=list)
+    run_counts: list[tuple[dict[str, str], int]] = field(default_factory=list)  # runs per design point
 
     def label(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
         """'offload, budget_gb=12, empty_cache=phase': the arm and what else sets this point apart from the
@@ -73,7 +77,28 @@ class Design:
         settings = [key for key in self.shown.get(arm, []) if key not in NAMING_COLUMNS]
         keys = [key for key in self.shown.get(arm, []) if key not in leave_out and not is_idle(row[key])
                 and (key not in NAMING_COLUMNS or self._needed(arm, key, settings))]
-        return ", ".join([str(arm), *(f"{key}={format_value(row[key])}" for key in keys)])
+        note = self.over_budget_note(row, leave_out)
+        return ", ".join([str(arm), *(f"{key}={format_value(row[key])}" for key in keys), *([note] if note else [])])
+
+    def over_budget_note(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str | None:
+        """'over budget by 1.29 GB' ('... in 2 of 3 runs'): a design point whose plan was infeasible or whose
+        measured peak passed its budget, matched on the design keys the row has but those left out (a line along an
+        axis covers the points along it); None where every point it covers kept its budget."""
+        leave_out = set(leave_out)
+        matches = [(over, n_over, n_runs) for values, over, n_over, n_runs in self.over_budget
+                   if all(format_value(row[key]) == value for key, value in values.items()
+                          if key in row and key not in leave_out)]
+        if not matches:
+            return None
+        over, n_over = max(over for over, _, _ in matches), sum(n_over for _, n_over, _ in matches)
+        n_runs = self._runs_covered(row, leave_out) or max(n_runs for _, _, n_runs in matches)
+        return f"over budget by {over / GB:.2f} GB" + (f" in {n_over} of {n_runs} runs" if n_over < n_runs else "")
+
+    def _runs_covered(self, row: Mapping[str, Any], leave_out: set[str]) -> int:
+        """How many runs the row's line covers (over budget or not)."""
+        return sum(count for values, count in self.run_counts
+                   if all(format_value(row[key]) == value for key, value in values.items()
+                          if key in row and key not in leave_out))
 
     def _needed(self, arm: str, naming: str, settings: list[str]) -> bool:
         """Whether some points of the arm that agree on every setting differ in this naming key."""
@@ -96,7 +121,20 @@ def design(points: pd.DataFrame) -> Design:
         values[arm] = pd.DataFrame({column: rows[column].map(format_value)
                                     for column in shown[arm]}).drop_duplicates()
     keys = ["arm", *[column for column in candidates if any(column in columns for columns in shown.values())]]
-    return Design(keys=keys, shown=shown, values=values)
+    over, counts = _over_budget(points, keys)
+    return Design(keys=keys, shown=shown, values=values, over_budget=over, run_counts=counts)
+
+
+def _over_budget(points: pd.DataFrame, keys: list[str]) -> tuple[list, list]:
+    """Design.over_budget and Design.run_counts of the points (none over where no point has the column)."""
+    over_budget, counts = [], []
+    for key, group in points.groupby(keys, dropna=False, sort=False):
+        values = {name: format_value(value) for name, value in zip(keys, key)}
+        counts.append((values, len(group)))
+        over = group[OVER_BUDGET].astype(float).fillna(0) if OVER_BUDGET in group else pd.Series(dtype=float)
+        if (over > 0).any():
+            over_budget.append((values, float(over.max()), int((over > 0).sum()), len(group)))
+    return over_budget, counts
 
 
 def along_axis(points_design: Design, points: pd.DataFrame, axis: str) -> tuple[list[str], list[str]]:

@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.columns import cell_value, config_row, recorded_auto_rule, summary_row
+from analysis.columns import OVER_BUDGET, cell_value, config_row, recorded_auto_rule, summary_row
+from harness.contract.budget import recorded_over_budget_bytes
 from harness.contract.reader import Problem, RunFiles, SweepFiles, read_sweep
 from harness.contract.runfiles import job_order
 from harness.contract.statuses import OK
@@ -89,6 +90,7 @@ def _point_row(sweep_dir: Path, point: RunFiles, override_keys: list[str]) -> di
     row["plan_budget_bytes"] = point.plan and point.plan.budget_bytes
     row.update({f"env_{key}": cell_value(value) for key, value in (point.env or {}).items()})
     row["budget_resolved_gb"] = resolved_budget_gb(row)
+    row[OVER_BUDGET] = recorded_over_budget_bytes(point.summary, point.steps)
     return row
 
 

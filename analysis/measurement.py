@@ -153,25 +153,37 @@ def _context(row: Mapping[str, Any], columns: Sequence[str]) -> tuple:
     return tuple(format_value(row.get(column)) for column in columns)
 
 
+SEEDS = "seeds"  # the seeds a design point's runs used: like points ran the same ones
+
+
 def comparison_pairs(points: pd.DataFrame) -> list[tuple[str, tuple[str, ...]]]:
-    """(the base's bench role, the columns two points must share to be compared)."""
+    """(the base's bench role, the columns two points must share to be compared): the workload (model, shape,
+    accumulation, dtype, ranks, device) and the seeds of their runs, plus the limits, and at one budget the budget."""
     present = [column for column in (*WORKLOAD_COLUMNS, *LIMIT_COLUMNS) if column in points]
     budgets = [column for column in BUDGET_COLUMNS if column in points]
-    return [(BenchRole.PEER, (*present, *budgets)), (BenchRole.REFERENCE, tuple(present))]
+    return [(BenchRole.PEER, (*present, SEEDS, *budgets)), (BenchRole.REFERENCE, (*present, SEEDS))]
 
 
-def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame, keys: Sequence[str]):
+def _seeds(group: pd.DataFrame) -> str:
+    """The seeds of a design point's runs, as one value to compare (a point's repeats may vary the seed)."""
+    return ",".join(sorted({format_value(seed) for seed in group["seed"]})) if "seed" in group else "null"
+
+
+def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame, points_design: Design):
     """(ours, the point it is set against), each a (row, label, runs): each of our points against DeepSpeed's pass
-    at the same workload, limits and budget and against DeepCompile without offload at the same workload and
-    limits; then each of our points composed with DeepCompile's speed passes against ours alone (compose=none),
-    everything else equal."""
+    at the same workload, limits and budget (neither over that budget: such a point is no point of it) and against
+    DeepCompile without offload at the same workload and limits; then each of our points composed with DeepCompile's
+    speed passes against ours alone (compose=none), everything else equal."""
     ours = arm_names(lambda arm: arm.bench_role == BenchRole.OURS)
     for role, shared in comparison_pairs(points):
         bases = arm_names(lambda arm, role=role: arm.bench_role == role)
+        at_one_budget = role == BenchRole.PEER
         yield from ((point, base) for point in design_points for base in design_points
                     if point[0]["arm"] in ours and base[0]["arm"] in bases
-                    and _context(point[0], shared) == _context(base[0], shared))
-    others = [key for key in keys if key != COMPOSE]
+                    and _context(point[0], shared) == _context(base[0], shared)
+                    and not (at_one_budget and (points_design.over_budget_note(point[0])
+                                                or points_design.over_budget_note(base[0]))))
+    others = [key for key in points_design.keys if key != COMPOSE] + [SEEDS]
     ours_by_compose = [(format_value(point[0].get(COMPOSE)), point) for point in design_points
                        if point[0]["arm"] in ours]
     composed = [point for compose, point in ours_by_compose if compose not in ("none", "null")]
@@ -185,9 +197,10 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     workload and limits), and composed with DeepCompile's speed passes over alone: the ratio of their step-time
     estimates, its 95% two-level bootstrap interval, runs × the fewest measured steps of a run, and how it reads
     (faster, slower, no difference)."""
-    design_points = [(row, label, runs) for row, label, _, runs in runs_by_design_point(points, steps)]
+    design_points = [({**row, SEEDS: _seeds(group)}, label, runs)
+                     for row, label, group, runs in runs_by_design_point(points, steps)]
     rows, lines = [], []
-    for (row, label, runs), (base, base_label, base_runs) in _compared(design_points, points, design(points).keys):
+    for (row, label, runs), (base, base_label, base_runs) in _compared(design_points, points, design(points)):
         ratio = stats.ratio_interval(runs, base_runs)
         if ratio is None:
             continue
@@ -203,7 +216,9 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                  display_frame(lines, [("", "point"), ("", "against"), ("", "ratio"), ("", "95% interval"),
                                        ("", "runs × steps"), ("", "reads")]),
                  caption="Step time of the point over that of the point it is set against (< 1: faster), each the "
-                         "median over runs of each run's median; a 95% bootstrap interval over runs, then steps.")
+                         "median over runs of each run's median; a 95% bootstrap interval over runs, then steps. Only "
+                         "like points are compared (same model, shape, accumulation, dtype and seeds), and at one "
+                         "budget only points that kept it.")
 
 
 RETRIES = "alloc_retries"

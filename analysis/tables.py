@@ -1,4 +1,5 @@
-"""Paper tables from the tidy points: repeats folded into medians with their spread, failures by status.
+"""Paper tables from the tidy points: repeats folded into medians with their spread, failures by status (memory and
+transfers: memory_tables.py; predicted against measured peaks: prediction.py).
 
 Each builder returns a `Table`: `values` holds the numbers (one row per design point, or per design point
 and phase), `display` the strings a reader sees, with two-level columns (group, name) where cells are
@@ -7,7 +8,6 @@ grouped under a swept value.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +18,6 @@ import pandas as pd
 from analysis.design import Design, along_axis, design, format_value, is_idle, is_missing, varies
 from analysis.load import GB, OK
 from harness.arms import arm_names, registered
-from harness.contract.steps import columns as declared_columns
 
 ARMS = arm_names()  # the tables' row order
 BASELINE_ARM = arm_names(lambda arm: arm.baseline)[0]
@@ -195,122 +194,8 @@ def _numeric_first(text: str) -> tuple:
         return (1, 0.0, text)
 
 
-PHASE_PATTERN = re.compile(r"^phase(\d+)_(.+)$")
-def memory_columns() -> dict[str, tuple[str, float]]:
-    """Per-phase stat -> (column title, divisor), as the step fields declare the memory table's columns."""
-    return {f"{field.name}_{column.stat}": (column.title, field.scale) for field, column in declared_columns("memory")}
-
-
-def phase_rows(points: pd.DataFrame) -> pd.DataFrame:
-    """One row per (point, phase) with the phase's stats unprefixed; a failed point gets one row, phase None."""
-    rows = []
-    for point in points.to_dict("records"):
-        base = {column: value for column, value in point.items() if not PHASE_PATTERN.match(column)}
-        if point["status"] != OK or not point.get("n_phases"):
-            rows.append({**base, "phase": None})
-            continue
-        for phase in range(int(point["n_phases"])):
-            stats = {match.group(2): value for column, value in point.items()
-                     if (match := PHASE_PATTERN.match(column)) and int(match.group(1)) == phase}
-            rows.append({**base, **stats, "phase": phase})
-    return pd.DataFrame(rows)
-
-
-def memory_table(points: pd.DataFrame) -> Table:
-    """Per design point and phase: peak allocated and reserved (GB), bytes offloaded and reloaded per step
-    (GB), allocator retries, the host's resident and pinned bytes (GB)."""
-    points_design = design(points)
-    keys = points_design.keys
-    rows = phase_rows(points)
-    # a field no run recorded (run files older than its declaration) gets no column; a null reading shows as "-"
-    shown = {value: column for value, column in memory_columns().items() if value in rows}
-    values = aggregate_repeats(rows, [*keys, "phase"], shown)
-    lines = []
-    for row in values.to_dict("records"):
-        line = {("", "arm"): points_design.label(row),
-                ("", "phase"): NOT_APPLICABLE if is_missing(row["phase"]) else format_value(row["phase"]),
-                ("", "runs"): _runs(row)}
-        for value, (name, scale) in shown.items():
-            line[("", name)] = cell(row, value, scale)
-        lines.append(line)
-    return Table("memory", values, display_frame(lines))
-
-
-def transfer_columns() -> dict[str, tuple[str, float]]:
-    """Final-phase stat per step -> (column title, divisor): the transfers table's columns as the step fields
-    declare them, then the step time they are set against."""
-    declared = {f"final_{field.name}_{column.stat}": (column.title, field.scale)
-                for field, column in declared_columns("transfers")}
-    return {**declared, STEP_TIME: ("step (s)", 1)}
-
-
-def has_transfers(points: pd.DataFrame) -> bool:
-    """Whether any point measured its copies (our pass, since stalls are recorded)."""
-    column = "final_offload_stall_s_median"
-    return column in points and points[column].notna().any()
-
-
-def transfers_table(points: pd.DataFrame) -> Table:
-    """Hidden against exposed transfer, per design point that measured its copies (final phase, per step): bytes
-    offloaded, how long each copy stream was busy, how long compute stood waiting for them, the step time."""
-    measured = points[points["final_offload_stall_s_median"].notna()]
-    points_design = design(measured)
-    shown = transfer_columns()
-    values = aggregate_repeats(measured, points_design.keys, list(shown))
-    lines = [{("", "arm"): points_design.label(row), ("", "runs"): _runs(row),
-              **{("", name): cell(row, value, scale) for value, (name, scale) in shown.items()}}
-             for row in values.to_dict("records")]
-    return Table("transfers", values, display_frame(lines))
-
-
-PREDICTED = "predicted_peak_bytes"
-STEP_PEAKS = ("peak_allocated_bytes", "fwd_bwd_peak_allocated_bytes", "opt_step_peak_allocated_bytes")
-PREDICTION_COLUMNS = {  # -> (column title, divisor); measured: the final phase's steps after its compile step
-    "planned_offload_bytes": ("offloaded (GB)", GB),
-    PREDICTED: ("predicted peak (GB)", GB),
-    "final_steady_peak_allocated_bytes": ("measured peak (GB)", GB),
-    "final_steady_fwd_bwd_peak_allocated_bytes": ("fwd+bwd (GB)", GB),
-    "final_steady_opt_step_peak_allocated_bytes": ("optimizer step (GB)", GB),
-}
-
-
-def steady_peaks(points: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Each point with the highest of its step peaks (STEP_PEAKS, as final_steady_<peak>) over the final phase's steps
-    after its compile step, whose peak can be the compiler's (DeepCompile's profiling)."""
-    columns = [peak for peak in STEP_PEAKS if peak in steps]
-    if steps.empty or "peak_allocated_bytes" not in columns:
-        return points.assign(**{f"final_steady_{peak}": float("nan") for peak in STEP_PEAKS})
-    final = steps[steps["phase"] == steps.groupby("run_dir")["phase"].transform("max")]
-    steady = final[final["phase_step"] > 0].groupby("run_dir")[columns].max()
-    steady = steady.rename(columns=lambda peak: f"final_steady_{peak}").reindex(
-        columns=[f"final_steady_{peak}" for peak in STEP_PEAKS])
-    return points.merge(steady, left_on="run_dir", right_index=True, how="left")
-
-
-def has_predictions(points: pd.DataFrame) -> bool:
-    """Whether any point has a planner's predicted peak."""
-    return PREDICTED in points and points[PREDICTED].notna().any()
-
-
-def prediction_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
-    """The planner's predicted peak allocated bytes against the measured one (final phase, after its compile step),
-    with the step's two segments measured apart where the run recorded them, and the error."""
-    measured = steady_peaks(points[points[PREDICTED].notna()], steps)
-    points_design = design(measured)
-    values = aggregate_repeats(measured, points_design.keys, list(PREDICTION_COLUMNS))
-    lines = []
-    for row in values.to_dict("records"):
-        line = {("", "arm"): points_design.label(row), ("", "runs"): _runs(row),
-                **{("", name): cell(row, value, scale) for value, (name, scale) in PREDICTION_COLUMNS.items()}}
-        measured_peak = row.get("final_steady_peak_allocated_bytes")
-        error = None if not row["n_ok"] or is_missing(measured_peak) else \
-            (row[PREDICTED] - measured_peak) / measured_peak
-        line[("", "error")] = NOT_APPLICABLE if error is None else f"{error:+.1%}"
-        lines.append(line)
-    return Table("prediction", values, display_frame(lines))
-
-
-def _runs(row: Mapping[str, Any]) -> str:
+def runs_cell(row: Mapping[str, Any]) -> str:
+    """'2/3 ok': of a row of aggregate_repeats."""
     return f"{row['n_ok']}/{row['n_runs']} ok"
 
 
@@ -396,6 +281,6 @@ def budget_table(points: pd.DataFrame) -> Table:
             ("", "s/step"): cell(row, STEP_TIME),
             ("", "peak reserved (GB)"): cell(row, PEAK_RESERVED, GB),
             ("", "vs best base"): _speedup_cell(row, "speedup_vs_best_base"),
-            ("", "runs"): _runs(row),
+            ("", "runs"): runs_cell(row),
         })
     return Table("budget", offload.reset_index(drop=True), display_frame(lines))

@@ -3,6 +3,7 @@
     harness report SWEEP_DIR [--out DIR]     tables, figures and executed notebooks of a sweep
     harness bench SWEEP_DIR [...]            the offload benchmark's ratios
     harness plan --profile P --budget-gb X   the offload planner on a saved profile (dry run)
+    harness plan --out-of-sample SWEEP_DIR   each point planned from the other profiles of its shape
 
 Runs themselves start with `python -m harness.run` (or `harness-run`), the Hydra app.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUBCOMMANDS = {"report": "analysis.report", "bench": "analysis.bench", "plan": "harness.offload.plan"}
+SUBCOMMANDS = {"report": "analysis.report", "bench": "analysis.bench", "plan": "harness.offload.plan_cli"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -60,9 +60,12 @@ def write_ladder(sweep_dir, ladder=LADDER, size=SIZE):
     for (arm, budget_gb), points in ladder.items():
         for seq_len, runs in points.items():
             for repeat, run in enumerate(runs):
+                # the offload arms' points allocate within their budget (the fixture's peaks are reserved bytes)
+                within = {} if budget_gb is None else {"step_values": {
+                    "peak_allocated_bytes": min(peak_bytes(seq_len) // 2, int(budget_gb * 1e9))}}
                 write_point(sweep_dir, job, arm=arm, budget_gb=budget_gb, seq_len=seq_len, micro_batch=1,
                             repeat=repeat, device_memory_gb=size, peak_reserved=peak_bytes(seq_len),
-                            **run_files(arm, run))
+                            **run_files(arm, run), **within)
                 job += 1
 
 

@@ -9,7 +9,8 @@ from analysis.design import design
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
 from analysis.render import to_latex, to_markdown, write_table
-from analysis.tables import budget_table, memory_table, policies_table, swept_axis, throughput_table
+from analysis.memory_tables import memory_table
+from analysis.tables import budget_table, policies_table, swept_axis, throughput_table
 
 COMPILE = 5.0  # every synthetic phase starts with a compile step this long; the medians must leave it out
 
@@ -176,7 +177,7 @@ def test_speedups_compare_points_under_the_same_emulated_device(tmp_path):
 def test_transfers_table_lists_only_points_that_measured_their_copies():
     from pathlib import Path
 
-    from analysis.tables import has_transfers, transfers_table
+    from analysis.memory_tables import has_transfers, transfers_table
 
     sweep = load_sweep(Path(__file__).resolve().parents[1] / "results" / "capacity" / "sweep")
     measured = sweep.points[sweep.points["final_offload_stall_s_median"].notna()]

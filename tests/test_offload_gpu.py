@@ -5,6 +5,7 @@
     pytest -m gpu tests/test_offload_gpu.py -k race                # copy delays on wide_2l (~1.5 min per run)
     pytest -m gpu tests/test_offload_gpu.py -k accumulation        # gradient accumulation 4: 3 runs, ~8 min
     pytest -m gpu tests/test_offload_gpu.py -k compose             # composed with prefetch + selective gather at 12 GB
+    pytest -m gpu tests/test_offload_gpu.py -k refused             # offload.if_infeasible=refuse at 2 GB (~2 min)
 
 Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
 separate invocations share the deepcompile baseline. Run the points one at a time, never side by side on one GPU:
@@ -287,3 +288,20 @@ def test_compose_predicted_peak_is_within_five_percent_and_the_plan_fits(runs_di
     measured = max(row["peak_allocated_bytes"] for row in steady_rows(run_dir))
     assert abs(predicted - measured) <= 0.05 * measured, (predicted, measured)
     assert plan["feasible"] and predicted <= plan["budget_bytes"], plan
+
+
+def test_an_infeasible_plan_is_refused_before_the_planned_phase_when_asked(runs_dir):
+    """offload.if_infeasible=refuse at a budget below what the optimizer step alone holds (every state back): no plan
+    fits, so the point stops at planning, recorded config_error naming the shortfall, with its plan.json."""
+    run_dir = runs_dir / "offload_refused"
+    env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT),
+           "TORCHINDUCTOR_CACHE_DIR": str(runs_dir / "offload_refused.inductor_cache")}
+    command = [sys.executable, "-m", "harness.run", *PROBE, "arm=offload", "offload.budget_gb=2",
+               "offload.budget_rule=step_model", "offload.if_infeasible=refuse", f"hydra.run.dir={run_dir}"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    summary = read_json(run_dir, "summary.json")
+    assert result.returncode == 2 and summary["status"] == "config_error", summary
+    assert "offload.if_infeasible" in summary["reason"] and "GB short" in summary["reason"], summary["reason"]
+    assert read_json(run_dir, "plan.json")["feasible"] is False
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert all(row["phase"] == 0 for row in steps)  # not one step of the planned phase ran

@@ -516,7 +516,7 @@ DS_OK = {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}, "g
 OFFLOAD_OK = {"budget_gb": None, "budget_fraction": None, "margin": 0.2, "mode": "async",
               "empty_cache": "once_per_phase", "streams": "split", "reload": "asap", "release": "recorded",
               "evict_from": "planning_step", "auto_rule": "margin", "budget_rule": "deepspeed", "peak_cap_gb": None,
-              "compose": "none"}
+              "compose": "none", "if_infeasible": "run"}
 
 
 def with_change(base: dict, path: str, value):

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.contract.errors import ConfigError
-from harness.offload.plan import Plan, load_profile, make_plan, plan_file_text, plan_offload, read_plan_file
+from harness.offload.plan import Plan, make_plan, plan_file_text, plan_offload, read_plan_file
+from harness.offload.profile import load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMALL_PROFILE_PATH = REPO_ROOT / "tests" / "data" / "profile_small.json"

@@ -1,6 +1,7 @@
 """Committed GPU results (results/<campaign>/): the report made from their run files rebuilds byte for byte, and
 each campaign's claims hold in the run files themselves."""
 import contextlib
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -13,7 +14,10 @@ from analysis.report import main as report_main
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CAMPAIGNS = sorted(path.parent for path in RESULTS.glob("*/sweep"))
 REBUILT_SUFFIXES = (".md", ".tex", ".csv")  # text files; PNG/PDF bytes depend on the matplotlib build
-RUN_FILES = {"config.yaml", "env.json", "worker.json", "summary.json", "steps.jsonl", "profile.json", "plan.json"}
+RUN_FILES = {"config.yaml", "env.json", "worker.json", "summary.json", "steps.jsonl", "profile.json", "plan.json",
+             "git.diff"}
+# A campaign's README line for points recorded before env.json named the diff of a dirty tree (not rewritten).
+LEGACY_PROVENANCE = "Provenance: legacy"
 
 
 def text_files(report_dir: Path) -> dict[str, bytes]:
@@ -36,6 +40,24 @@ def test_the_committed_report_rebuilds_byte_for_byte(campaign, tmp_path):
 def test_only_small_run_files_are_committed(campaign):
     for run_dir in (path.parent for path in (campaign / "sweep").glob("*/summary.json")):
         assert {path.name for path in run_dir.iterdir()} <= RUN_FILES, run_dir
+
+
+@pytest.mark.parametrize("campaign", CAMPAIGNS, ids=lambda path: path.name)
+def test_every_committed_point_names_the_code_that_ran_or_its_campaign_marks_it_legacy(campaign):
+    """A point ran from a commit (git_sha, clean tree) or carries the diff it ran with (git.diff, its SHA-256 in
+    env.json); one recorded before env.json named the diff counts only where its campaign's README says legacy."""
+    readme = campaign / "README.md"
+    legacy = readme.is_file() and LEGACY_PROVENANCE in readme.read_text()
+    for env_file in sorted((campaign / "sweep").glob("*/env.json")):
+        env = json.loads(env_file.read_text())
+        if "git_diff_sha256" not in env:
+            assert legacy, f"{env_file}: recorded before env.json named its diff, and {readme} does not say legacy"
+            continue
+        assert env["git_sha"], f"{env_file}: no commit"
+        if env["git_dirty"]:
+            diff = env_file.parent / "git.diff"
+            assert diff.is_file(), f"{env_file}: a dirty tree without its git.diff"
+            assert hashlib.sha256(diff.read_bytes()).hexdigest() == env["git_diff_sha256"], diff
 
 
 def campaign_points(campaign: str):

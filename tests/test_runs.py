@@ -49,6 +49,8 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     env = json.loads((run_dir / "env.json").read_text())
     assert env["world_size"] == 1 and env["pytorch_cuda_alloc_conf"] == "expandable_segments:True"
     assert "git_sha" in env and env["torch"]
+    assert {"git_dirty_files", "git_diff_sha256"} <= set(env)  # what made the tree dirty, if it was
+    assert (run_dir / "git.diff").is_file() == bool(env["git_dirty"])
     assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb")), "the driver's offline W&B run file"
     modes = file_modes(run_dir)
     assert {"config.yaml", "summary.json", "env.json", "worker.json", "steps.jsonl", "worker.log"} <= set(modes)

@@ -8,7 +8,7 @@ import pytest
 
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
-from analysis.tables import memory_table
+from analysis.memory_tables import memory_table
 from harness.contract import runfiles, steps
 from harness.contract.steps import Column, StepField
 from harness.driver.sinks import flat_summary

@@ -25,7 +25,8 @@ out_dir = "report"
 # %%
 from analysis import step_figures
 from analysis.notebook import open_report
-from analysis.tables import has_predictions, has_transfers, memory_table, prediction_table, transfers_table
+from analysis.memory_tables import has_transfers, memory_table, transfers_table
+from analysis.prediction import has_predictions, out_of_sample_pairs, out_of_sample_table, prediction_table
 
 report = open_report(sweep_dir, out_dir)
 
@@ -33,8 +34,11 @@ report = open_report(sweep_dir, out_dir)
 report.table(memory_table(report.points))
 if has_transfers(report.points):  # our pass's copies: hidden (busy) against exposed (compute waits)
     report.table(transfers_table(report.points))
-if has_predictions(report.points):  # the planner's step model against the measured peaks
+if has_predictions(report.points):  # the planner's step model against the measured peaks, in and out of sample
     report.table(prediction_table(report.points, report.steps))
+    pairs, warnings = out_of_sample_pairs(sweep_dir)  # each profile planning the other points of its shape
+    print("\n".join(warnings) or "every profile predicts")
+    report.table(out_of_sample_table(report.points, pairs))
 
 # %%
 report.diagnostic(step_figures.step_series(report.points, report.steps, "peak_reserved_bytes"));

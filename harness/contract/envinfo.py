@@ -1,6 +1,12 @@
-"""env.json: what produced a run (code version, library versions, GPUs, allocator settings)."""
+"""env.json: what produced a run (code version, library versions, GPUs, allocator settings).
+
+The code is named by its commit (`git_sha`) and, where the tree differed from it, by what differed: the tracked files
+modified against HEAD (`git_dirty_files`) and the SHA-256 of `git diff HEAD --binary` over them (`git_diff_sha256`),
+whose text the driver keeps beside env.json (runfiles.DIFF). Untracked and ignored files never count, nor the run's own
+outputs where the run dir lies in the repository."""
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import platform
 import socket
@@ -11,12 +17,30 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, strip: bool = True) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() if strip else out.stdout
+
+
+def git_state(run_dir: Path | None = None) -> tuple[dict[str, Any], str | None]:
+    """(env.json's git keys, the diff text or None where the tree matched its commit); the run dir's own files are
+    left out where it lies in the repository. Without git (or outside a checkout) every value is None."""
+    pathspec = ["--", "."]
+    if run_dir is not None and Path(run_dir).resolve().is_relative_to(REPO_ROOT):
+        pathspec.append(f":(exclude){Path(run_dir).resolve().relative_to(REPO_ROOT)}")
+    names = _git("diff", "HEAD", "--name-only", *pathspec)
+    diff = _git("diff", "HEAD", "--binary", *pathspec, strip=False) if names else None
+    return {
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(names) if names is not None else None,
+        "git_dirty_files": names.splitlines() if names else ([] if names is not None else None),
+        "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+    }, diff
 
 
 def _version(package: str) -> str | None:
@@ -40,15 +64,15 @@ def _nvidia_smi() -> tuple[str | None, str | None]:
     return name.strip(), driver.strip()
 
 
-def collect_env(cfg: dict[str, Any]) -> dict[str, Any]:
+def collect_env(cfg: dict[str, Any], run_dir: Path | None = None) -> tuple[dict[str, Any], str | None]:
+    """(env.json's contents, the diff to keep beside it, or None: git_state)."""
     import torch
 
     gpu_name, driver = _nvidia_smi()
-    status = _git("status", "--porcelain")
+    git, diff = git_state(run_dir)
     launcher = cfg["launcher"]
     return {
-        "git_sha": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(status) if status is not None else None,
+        **git,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "deepspeed": _version("deepspeed"),
@@ -62,4 +86,4 @@ def collect_env(cfg: dict[str, Any]) -> dict[str, Any]:
         "pytorch_cuda_alloc_conf": cfg["env"]["pytorch_cuda_alloc_conf"],
         "reserved_cap_gb": cfg["env"]["reserved_cap_gb"],
         "device_memory_gb": cfg["env"].get("device_memory_gb"),
-    }
+    }, diff

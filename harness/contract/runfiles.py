@@ -24,6 +24,7 @@ HYDRA_CONFIG = f"{HYDRA_DIR}/config.yaml"
 HYDRA_SETTINGS = f"{HYDRA_DIR}/hydra.yaml"
 OVERRIDES = f"{HYDRA_DIR}/overrides.yaml"   # the point's overrides, in full
 ENV = "env.json"
+DIFF = "git.diff"                           # `git diff HEAD` where the tree differed from its commit (envinfo)
 STEPS = "steps.jsonl"
 SUMMARY = "summary.json"
 WORKER = "worker.json"                      # what the ranks saw

@@ -175,3 +175,14 @@ def summarize_phases(rows: list[dict], warmup: int = 0) -> list[dict[str, Any]]:
     """Per-phase statistics of a run's step rows, in phase order, `warmup` steps after each compile step left out."""
     phases = sorted({row["phase"] for row in rows})
     return [phase_stats(phase, [row for row in rows if row["phase"] == phase], warmup) for phase in phases]
+
+
+def steady_peak_bytes(rows: Iterable[Mapping[str, Any]]) -> int | None:
+    """The peak allocated bytes of the last phase's steps after its compile step (whose peak can be the compiler's
+    profiling): what a plan's predicted peak is set against. None where no such step recorded one."""
+    rows = list(rows)
+    if not rows:
+        return None
+    final = max(row["phase"] for row in rows)
+    peaks = [row.get("peak_allocated_bytes") for row in rows if row["phase"] == final and row["phase_step"] > 0]
+    return max((peak for peak in peaks if peak is not None), default=None)

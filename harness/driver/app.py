@@ -37,6 +37,7 @@ from harness.contract.checks import is_usable_number, lookup  # noqa: E402
 from harness.contract.envinfo import collect_env  # noqa: E402
 from harness.contract.errors import ConfigError  # noqa: E402
 from harness.contract.schema.groups import check_emulated_size  # noqa: E402
+from harness.contract.budget import finished_peak_bytes, over_budget_bytes  # noqa: E402
 from harness.contract.steps import summarize_phases  # noqa: E402
 from harness.contract.runfiles import read_jsonl, write_atomic, write_json  # noqa: E402
 from harness.driver.sinks import SweepIndexCallback, mirror_to_wandb  # noqa: E402
@@ -60,6 +61,8 @@ def build_summary(config: dict, status: str, reason: str | None, rows: list[dict
         "budget_bytes": worker_facts.get("budget_bytes"),
         "planned_offload_bytes": worker_facts.get("planned_offload_bytes"),
         "predicted_peak_bytes": worker_facts.get("predicted_peak_bytes"),
+        "over_budget_bytes": over_budget_bytes(worker_facts.get("budget_bytes"), worker_facts.get("predicted_peak_bytes"),
+                                               finished_peak_bytes(status, rows)),
         "device_memory_bytes": _emulated_size_bytes(config.get("env") or {}), "oom": oom,
         "warmup_steps": warmup,
         **protocol.steadiness([row for row in final_rows if protocol.is_measured(row, warmup)]),
@@ -109,9 +112,11 @@ def _device_total_bytes() -> int | None:
 def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, Any]:
     """Launch this node's ranks of one validated point and return the point's summary (node 0 writes
     it to run_dir/summary.json; every node of a multi-node point runs this)."""
-    env = collect_env(config)
+    env, diff = collect_env(config, run_dir)
     if place.primary:
         write_json(run_dir / runfiles.ENV, env)
+        if diff is not None:  # the code that ran, where it was not its commit's
+            write_atomic(run_dir / runfiles.DIFF, diff)
     arm = arms.from_config(config["arm"])
     gpus = _gpu_count()
     if arm.needs_cuda and not gpus:

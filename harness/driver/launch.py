@@ -249,6 +249,9 @@ def classify(result: LaunchResult, run_dir: Path, steps_completed: int, steps_wa
     ooms = [e for e in errors if e["kind"] == "oom"]
     if ooms:
         return "oom", f"rank {ooms[0].get('rank')}{_where(ooms[0])}: {ooms[0]['message']}"
+    refused = [e for e in errors if e["kind"] == "config_error"]  # offload.if_infeasible=refuse, at planning
+    if refused:
+        return "config_error", f"rank {refused[0].get('rank')}: {refused[0]['message']}"
     if result.returncode == 0 and steps_completed == steps_wanted:
         return "ok", None
     killed = [e for e in errors if e["kind"] == "killed"]

@@ -176,7 +176,7 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
         release_policy=offload_cfg["release"], cap_bytes=peak_cap_bytes(offload_cfg),
         reduce_buckets=reduce_buckets(engine), budget_rule=offload_cfg["budget_rule"],
         accumulation_recv_bytes=accumulation_recv_bytes(engine),
-        compose=offload_cfg["compose"])
+        compose=offload_cfg["compose"], if_infeasible=offload_cfg["if_infeasible"])
     schedule.register_passes(engine, offload_pass)
     global _installed
     _installed = offload_pass

@@ -44,7 +44,9 @@ from harness.offload import ops
 from harness.offload.graph_edit import (insert_end_backward, insert_head_ops, insert_release_sites, insert_reloads,
                                         profiled_node_names, release_site_names, strip_offload_ops)
 from harness.offload.profile_builder import ProfileBuilder, graph_nodes_profile, memory_records, readings_before
-from harness.offload.plan import Plan, PlanRecord, device_limit_bytes, plan_file_text, plan_offload
+from harness.offload.plan import device_limit_bytes, plan_offload
+from harness.offload.plan_record import Plan, PlanRecord, plan_file_text
+from harness.contract.errors import PlanRefused
 from harness.offload.runtime import OffloadRuntime
 from harness.offload.states import discover_tasks
 from harness.contract.units import GB
@@ -86,7 +88,8 @@ class OffloadPass:
                  files: PlanFiles, device_total_bytes: int, current_phase: Callable[[], int],
                  writes_files: Callable[[], bool] = _is_rank0, release_policy: str = "recorded",
                  cap_bytes: int | None = None, reduce_buckets: tuple[int, int] = (0, 0),
-                 budget_rule: str = "deepspeed", accumulation_recv_bytes: int = 0, compose: str = "none"):
+                 budget_rule: str = "deepspeed", accumulation_recv_bytes: int = 0, compose: str = "none",
+                 if_infeasible: str = "run"):
         self.runtime = runtime
         self.zero_optimizer = zero_optimizer
         self.budget_bytes = budget_bytes
@@ -107,6 +110,7 @@ class OffloadPass:
         self.reduce_buckets = reduce_buckets  # (all, the largest one), bytes
         self.accumulation_recv_bytes = accumulation_recv_bytes  # backward's extra with gradient accumulation
         self._steady_step: dict | None = None  # the last steady step's record before the first plan
+        self.if_infeasible = if_infeasible  # "refuse": a plan over its budget stops the point (PlanRefused)
         self.compose = compose  # DeepCompile's passes between before_compose and plan (schedule.COMPOSED_PASSES)
         self._before: dict[tuple[int, bool], tuple[list, bool, int]] = {}  # (graph, bwd) -> records, complete, allocated
         self._held = {"prefetch_bytes": 0, "gathered_bytes": 0}  # this phase's, measured across the composed passes
@@ -303,3 +307,5 @@ class OffloadPass:
                         f"offloaded ({plan.offloaded_bytes / GB:.2f} of {plan.total_state_bytes / GB:.2f} GB), "
                         f"{len(placements)} reload ops, predicted peak {plan.predicted_peak_bytes / GB:.2f} GB, "
                         f"budget {plan.budget_bytes / GB:.2f} GB, feasible={plan.feasible}")
+        if self.if_infeasible == "refuse" and plan.feasible is False:  # plan.json says what was refused
+            raise PlanRefused(plan.predicted_peak_bytes, plan.budget_bytes, phase)

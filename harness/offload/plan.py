@@ -2,8 +2,8 @@
 
 No torch, no CUDA: the DeepCompile pass builds the profile from DeepSpeed's profiling results and calls
 `plan_offload(profile, budget_bytes, limit_bytes, ...)`; the same function runs offline as
-`python -m harness.offload.plan --profile profile.json --budget-gb X [--reload asap|at_end]`. A plan is a frozen
-`Plan`, written and read as JSON here alone (`Plan.to_json`, `Plan.from_json`; plan.json through `PlanRecord`).
+`harness plan --profile profile.json --budget-gb X [--reload asap|at_end]` (plan_cli.py). A plan is a frozen `Plan`,
+written and read as JSON in plan_record.py alone (`Plan.to_json`, `Plan.from_json`; plan.json through `PlanRecord`).
 
 Model
 -----
@@ -90,135 +90,20 @@ backward graph.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import math
-import sys
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Mapping, NoReturn
 
-from harness.contract.errors import ConfigError
-from harness.offload.profile import (Profile, Task, byte_count, expect, for_planning, load_profile,
-                                     missing_readings, parse_profile, read_profile)
+from harness.offload.plan_record import Plan, PlanRecord, Release, Reload, plan_file_text, read_plan_file
+from harness.offload.profile import Profile, Task, byte_count, expect, for_planning, parse_profile, read_profile
 from harness.contract.schema import OffloadConfig, choices
-from harness.contract.units import GB
+
+__all__ = ["Plan", "PlanRecord", "Release", "Reload", "plan_file_text", "read_plan_file", "make_plan",
+           "plan_for_device", "plan_within_budget", "plan_offload", "device_limit_bytes", "predict_peak"]
 
 RELOAD_POLICIES = choices(OffloadConfig, "reload")
 RELEASE_POLICIES = choices(OffloadConfig, "release")
 BUDGET_RULES = choices(OffloadConfig, "budget_rule")
 DEFAULT_BUDGET_RULE = "step_model"  # conf/offload/default.yaml's; the CLI plans a budget as a run would
-
-
-# ---------------------------------------------------------------- the plan
-
-
-@dataclass(frozen=True)
-class Release:
-    """Free an offloaded state's device block right before a forward node (release=ordered)."""
-    task: str
-    graph_id: int
-    bwd: bool
-    before_node: str
-
-
-@dataclass(frozen=True)
-class Reload:
-    """Bring an offloaded state back after a backward node."""
-    task: str
-    graph_id: int
-    bwd: bool
-    after_node: str
-
-
-COMPOSED = ("prefetch_bytes", "gathered_bytes")  # a plan's keys only where offload.compose ran passes beside it
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One rank's plan (see the module docstring): which states go out, where their blocks are freed and where they
-    come back, and the peak it predicts. Its JSON keys are its field names; `rule` and `outside_bytes` are null in
-    plan.json files written before they existed."""
-    peak_cap_bytes: int
-    reload_policy: str
-    release_policy: str
-    releases: list[Release]
-    held: list[str]
-    offloaded: list[str]
-    offloaded_bytes: int
-    resident_bytes: int
-    total_state_bytes: int
-    reloads: list[Reload]
-    forward_peak_bytes: int
-    floor_bytes: int
-    predicted_peak_bytes: int | None  # None: a profile without the step model's readings (the CLI)
-    feasible: bool | None
-    outside_bytes: int | None = None  # what the profiler counted outside the allocator (profile.py)
-    budget_bytes: int | None = None  # the budget or device limit it was made for (the caller's)
-    rule: str | None = None  # "budget", "device_limit" or "step_model"
-    prefetch_bytes: int | None = None  # what DeepCompile's prefetch held beside it (offload.compose; else None)
-    gathered_bytes: int | None = None  # what its selective gather kept gathered (offload.compose; else None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Its keys; plans without composition keep the keys they had before it."""
-        data = dataclasses.asdict(self)
-        return {key: value for key, value in data.items() if key not in COMPOSED or value is not None}
-
-    def to_json(self) -> str:
-        """Stable text for plan.json and the CLI: sorted keys, fixed indent."""
-        return json.dumps(self.to_dict(), sort_keys=True, indent=2)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
-        """A plan as to_dict wrote it (keys it does not know, such as plan.json's run facts, are not its)."""
-        known = {field.name for field in dataclasses.fields(cls)}
-        values = {key: value for key, value in data.items() if key in known}
-        return cls(**{**values, "releases": [Release(**release) for release in data["releases"]],
-                      "reloads": [Reload(**reload) for reload in data["reloads"]]})
-
-    @classmethod
-    def from_json(cls, text: str) -> "Plan":
-        return cls.from_dict(json.loads(text))
-
-
-@dataclass(frozen=True)
-class PlanRecord:
-    """The plan a phase ran, as plan.json holds it: the plan's keys beside the phase, whether the profile saw every
-    graph, where the reloads were placed and which release site frees which states."""
-    plan: Plan
-    phase: int
-    profile_complete: bool
-    placements: list[dict]
-    release_sites: dict[str, list[str]]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.plan.to_dict(), "phase": self.phase, "profile_complete": self.profile_complete,
-                "placements": self.placements, "release_sites": self.release_sites}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "PlanRecord":
-        return cls(Plan.from_dict(data), data["phase"], data["profile_complete"], data["placements"],
-                   data["release_sites"])
-
-
-def plan_file_text(records: Mapping[int, PlanRecord]) -> str:
-    """plan.json: the one phase's record, or, once a run has planned in more than one phase, an object keyed by
-    phase number."""
-    body = ({str(phase): record.to_dict() for phase, record in sorted(records.items())} if len(records) > 1
-            else next(iter(records.values())).to_dict())
-    return json.dumps(body, sort_keys=True, indent=2) + "\n"
-
-
-def read_plan_file(text: str) -> dict[int, PlanRecord]:
-    """plan.json by phase, either layout: the inverse of plan_file_text, whole plans back as the pass wrote them
-    (the tests' round trip and their reading of what the pass planned). Readers of a run dir use
-    harness.contract.reader.read_plan instead: the rule and budget alone, a bad file one warning, and no import of
-    this package (the contract's floor is below the offload pass)."""
-    data = json.loads(text)
-    if "phase" in data:
-        return {data["phase"]: PlanRecord.from_dict(data)}
-    return {int(phase): PlanRecord.from_dict(record) for phase, record in data.items()}
 
 
 # ---------------------------------------------------------------- planning
@@ -426,81 +311,9 @@ def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str,
     )
 
 
-# ---------------------------------------------------------------- CLI
+if __name__ == "__main__":  # `python -m harness.offload.plan`, as before the CLI had its own module
+    import sys
 
+    from harness.offload.plan_cli import main
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Usage errors as one stderr line, exit 2, like ConfigErrors."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
-def _gb_to_bytes(value: float, key: str) -> int:
-    expect(math.isfinite(value) and value >= 0, key, f"must be a finite number >= 0, got {value}")
-    return int(value * GB)
-
-
-def _budget_from_args(args: argparse.Namespace) -> int:
-    if args.budget_bytes is not None:
-        return args.budget_bytes
-    return _gb_to_bytes(args.budget_gb, "offload.budget_gb")
-
-
-def _plan_from_args(args: argparse.Namespace, profile: dict, missing: tuple[str, ...]) -> Plan:
-    """The plan the pass would make; on a profile without the step model's readings (`missing`) only a budget
-    sized as DeepSpeed's pass sizes it (placed on the profile as read), without a predicted peak or feasibility."""
-    has_budget = args.budget_gb is not None or args.budget_bytes is not None
-    sized_as_deepspeed = has_budget and args.budget_rule == "deepspeed"
-    expect(sized_as_deepspeed or not missing, "profile",
-           f"{args.profile} has no {' or '.join(missing)} (recorded before the step model): the device rule and "
-           "--budget-rule step_model plan by the peak it predicts; plan a budget sized as DeepSpeed's pass (--budget-gb)")
-    expect(not sized_as_deepspeed or args.device_gb is None, "device_gb",
-           "with a budget it applies to --budget-rule step_model only")
-    expect(sized_as_deepspeed or args.peak_cap_gb is None, "offload.peak_cap_gb",
-           "applies to a budget under --budget-rule deepspeed only")
-    limit = None if args.device_gb is None else device_limit_bytes(
-        _gb_to_bytes(args.device_gb, "device_gb"), profile.get("allocator_overhead_bytes"))
-    cap = None if args.peak_cap_gb is None else _gb_to_bytes(args.peak_cap_gb, "offload.peak_cap_gb")
-    plan = plan_offload(profile, _budget_from_args(args) if has_budget else None, limit, args.budget_rule,
-                        args.reload, args.release, cap)
-    return dataclasses.replace(plan, predicted_peak_bytes=None, feasible=None) if missing else plan
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = _OneLineParser(prog="python -m harness.offload.plan",
-                            description="Print the offload plan for a memory profile and a budget as JSON.")
-    parser.add_argument("--profile", required=True, help="profile.json of one rank")
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--budget-gb", type=float, help="device memory budget in GB (1e9 bytes)")
-    budget.add_argument("--budget-bytes", type=int, help="device memory budget in bytes")
-    parser.add_argument("--device-gb", type=float,
-                        help="device size in GB: the least offload predicted to fit it, less the allocator overhead "
-                             "the profile's run measured (the auto rule at a device limit; with a budget, "
-                             "--budget-rule step_model fits the lesser of the two)")
-    parser.add_argument("--budget-rule", default=DEFAULT_BUDGET_RULE,
-                        help=f"how a budget is planned: {' | '.join(BUDGET_RULES)} (default {DEFAULT_BUDGET_RULE}, "
-                             "as offload.budget_rule)")
-    parser.add_argument("--reload", default="asap", help=f"reload policy: {' | '.join(RELOAD_POLICIES)}")
-    parser.add_argument("--release", default="recorded", help=f"release policy: {' | '.join(RELEASE_POLICIES)}")
-    parser.add_argument("--peak-cap-gb", type=float, default=None,
-                        help="cap (GB) that releases and asap reloads are placed under; default: the budget")
-    args = parser.parse_args(argv)
-    if args.budget_gb is None and args.budget_bytes is None and args.device_gb is None:
-        parser.error("one of --budget-gb, --budget-bytes, --device-gb is required")
-    try:
-        profile = load_profile(args.profile)
-        missing = missing_readings(profile)
-        plan = _plan_from_args(args, profile, missing)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 2
-    if missing:
-        print(f"warning: {args.profile} has no {' or '.join(missing)} (recorded before the step model): placed as "
-              "DeepSpeed's pass places it; peak and feasibility not predicted (null)", file=sys.stderr)
-    print(plan.to_json())
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from harness import arms
 from harness.rank import emulated_device, machine, models
 from harness.contract import logs, protocol, runfiles
-from harness.rank.budget import resolve_budget_bytes
+from harness.contract.budget import resolve_budget_bytes
+from harness.contract.errors import refusal_in
 from harness.rank.diagnostics import StepDiagnostics
 from harness.contract import steps
 from harness.contract.steps import phase_of
@@ -311,7 +312,8 @@ def main(argv: list[str] | None = None) -> None:
         traceback.print_exc()
         sys.exit(OOM_EXIT_CODE)
     except Exception as error:
-        write_error(run_dir, "error", error)
+        refused = refusal_in(error)  # offload.if_infeasible=refuse: recorded config_error, not a crash
+        write_error(run_dir, "config_error" if refused else "error", refused or error)
         raise
     exit_now(0)
 

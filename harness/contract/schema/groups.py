@@ -89,7 +89,7 @@ class TrainConfig(Group):
 
 @dataclass(frozen=True)
 class BudgetConfig(Group):
-    """The offload budget every offload arm plans against (resolved to bytes once, harness/rank/budget.py)."""
+    """The offload budget every offload arm plans against (resolved to bytes once, harness/contract/budget.py)."""
     budget_gb: Annotated[Optional[float], Number(low=0), COLUMN]
     budget_fraction: Annotated[Optional[float], Number(low=0, high=1), COLUMN]
     margin: Annotated[float, Number(low=0, high=1, high_open=True), COLUMN]
@@ -120,6 +120,7 @@ class OffloadConfig(BudgetConfig):
     budget_rule: Annotated[Literal["deepspeed", "step_model"], COLUMN]
     peak_cap_gb: Annotated[Optional[float], Number(low=0), COLUMN]
     compose: Annotated[Literal["none", "prefetch", "prefetch_selective_gather"], COLUMN]  # DeepCompile's passes beside ours
+    if_infeasible: Annotated[Literal["run", "refuse"], COLUMN]  # a plan predicted over its budget: run it, flagged
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
