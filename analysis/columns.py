@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
+from analysis.wall_split import SPLIT_COLUMNS, split_columns
 from harness.arms.registry import TARGET
 from harness.contract import schema
 from harness.contract.checks import lookup
@@ -31,7 +32,7 @@ OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
 # Columns saying where a point came from or what it measured, never how it was configured.
 PLAN_COLUMNS = ("plan_rule", "plan_budget_bytes")  # plan.json's (harness.reader.PlanFacts)
 RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", *SUMMARY_SCALARS,
-                            *PLAN_COLUMNS,
+                            *PLAN_COLUMNS, *SPLIT_COLUMNS,
                             *OOM_COLUMNS, "steady_reasons", "machine_flags"))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout, how many
@@ -143,7 +144,7 @@ def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
         row.update(_flatten_stats(phase, f"phase{phase.get('phase', position)}"))
     if summary.get("final"):
         row.update(_flatten_stats(summary["final"], "final"))
-    return row
+    return {**row, **split_columns(summary)}
 
 
 def _texts(value: Any) -> list[str]:
