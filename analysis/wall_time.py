@@ -129,7 +129,8 @@ def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                   "measured_pct": _share(measured_s, wall_s)}
         line = {("", "arm"): label, ("", "runs"): str(len(group)),
                 **{("", title): _tenths(medians[name]) for name, title in WALL_TITLES.items()},
-                ("", "device (min)"): _tenths(values["device_min"]), ("", "measured (%)"): _tenths(values["measured_pct"])}
+                ("", "device (min)"): _tenths(values["device_min"]),
+                ("", "measured (%)"): _tenths(values["measured_pct"])}
         if with_split:
             split = _split_values(group)
             values.update(split)
@@ -140,7 +141,8 @@ def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     lines.append({("", "arm"): "all points", ("", "runs"): str(sum(row["n_runs"] for row in rows)),
                   ("", "device (min)"): _tenths(total_min),
                   ("", "measured (%)"): _tenths(_share(total_measured, total_min * 60))})
-    return Table("wall_time", pd.DataFrame(rows), display_frame(lines, _columns(with_split)), caption=_caption(with_split))
+    return Table("wall_time", pd.DataFrame(rows), display_frame(lines, _columns(with_split)),
+                 caption=_caption(with_split))
 
 
 def _caption(with_split: bool) -> str:

@@ -176,8 +176,8 @@ def _target_name(target: Any) -> str:
 def fingerprint(graph, graph_ids: frozenset[int] = frozenset()) -> str:
     """The graph's nodes in order: op, name, target, args, kwargs and output shape; two graphs with the same
     fingerprint run the same ops on the same shapes. `graph_ids`: the ints that are graph ids in this process."""
-    nodes = [[node.op, node.name, _target_name(node.target), _stable(node.args, graph_ids), _stable(node.kwargs, graph_ids),
-              _shape_of(node)] for node in graph.nodes]
+    nodes = [[node.op, node.name, _target_name(node.target), _stable(node.args, graph_ids),
+              _stable(node.kwargs, graph_ids), _shape_of(node)] for node in graph.nodes]
     return digest(nodes)
 
 
