@@ -106,19 +106,12 @@ def sweep_dir_of(run_dir: Path) -> Path | None:
     return parent if (parent / SWEEP_MARKER).is_file() else None
 
 
-def point_caches_at(sweep_dir: Path, versions_now: Mapping[str, Any]) -> Path:
-    """Send inductor's and Triton's caches (FX graph and AOTAutograd caches included) to the sweep's directory for
-    these versions; both read their variables when they first compile. Returns that directory."""
-    import torch
-
+def point_caches_at(sweep_dir: Path, versions_now: Mapping[str, Any]) -> None:
+    """Send inductor's and Triton's caches to the sweep's directory for these versions (inductor keeps its FX graph
+    and AOTAutograd caches under its own); both read these variables when they first compile."""
     root = sweep_dir / CACHE_DIR / f"inductor-{digest(versions_now)}"
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root)
     os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
-    for module, name in ((torch._inductor.config, "fx_graph_cache"),
-                         (getattr(torch._functorch, "config", None), "enable_autograd_cache")):
-        if module is not None and hasattr(module, name):  # on by default in recent torch; named where it exists
-            setattr(module, name, True)
-    return root
 
 
 def open_for(cfg: Mapping[str, Any], run_dir: Path, rank: int, device_name: str | None) -> ProfileCache | None:
