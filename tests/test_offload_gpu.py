@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -302,6 +303,7 @@ def reuse_sweep(runs_dir: Path) -> dict[str, Path]:
     sweep_dir = runs_dir / "offload_reuse_sweep"
     summaries = sorted(sweep_dir.glob("*/summary.json"))
     if len(summaries) < len(REUSE_BUDGETS) or any(json.loads(path.read_text())["status"] != "ok" for path in summaries):
+        shutil.rmtree(sweep_dir, ignore_errors=True)  # an earlier partial sweep's cache would make the first point warm
         env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT)}
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the sweep's own cache dir, under the sweep dir
         command = [sys.executable, "-m", "harness.run", "-m", *PROBE_AT_LIMIT, "arm=offload",
