@@ -9,7 +9,8 @@ accumulation, dtype and seed; where none ran, the line says so); for our pass al
 measured one. Points run on an emulated device (`env.device_memory_gb`) or under an allocator ceiling
 (`env.reserved_cap_gb`) say so in their label. Then the comparisons, as the report's comparison table has them:
 our pass over DeepSpeed's (same workload, limits and budget) and over DeepCompile without offload, each a ratio of
-medians over repeats with its 95% two-level bootstrap interval (`0.701× [0.673, 0.756], n = 3×30 / 3×30`).
+medians over repeats with its 95% two-level bootstrap interval (`0.701× [0.673, 0.756], n = 3×30 / 3×30`). Last,
+the device minutes every run took and the share of them spent in measured steps.
 """
 from __future__ import annotations
 
@@ -234,6 +235,13 @@ def comparison_lines(sweep) -> str:
     return "\n".join(lines if rows else [])
 
 
+def device_time(sweep) -> str:
+    """The sweeps' device minutes and the share of them in measured steps (analysis/wall_time.py)."""
+    from analysis.wall_time import device_time_line
+
+    return device_time_line(sweep.points, sweep.steps)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0 when a point was read, 1 when none could be, 2 on bad usage (a sweep dir that is not one)."""
     parser = argparse.ArgumentParser(prog="harness bench", description=__doc__.splitlines()[0])
@@ -254,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {', '.join(map(str, sweep_dirs))}: no readable points", file=sys.stderr)
         return 1
     sweep = combined([sweep_of(sweep_dir, files) for sweep_dir, files in read])
-    print("\n".join(filter(None, [report(points), comparison_lines(sweep)])))
+    print("\n".join(filter(None, [report(points), comparison_lines(sweep), device_time(sweep)])))
     return 0
 
 

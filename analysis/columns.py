@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
+from analysis.wall_split import SPLIT_COLUMNS, split_columns
 from harness.arms import known_class
 from harness.contract import schema
 from harness.contract.checks import lookup
@@ -34,7 +35,7 @@ PLAN_COLUMNS = ("plan_rule", "plan_budget_bytes")  # plan.json's (harness.reader
 OVER_BUDGET = "over_budget_bytes"  # summary.json's, or worked out for a summary from before it (contract.budget)
 RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", OVER_BUDGET,
                             *SUMMARY_SCALARS,
-                            *PLAN_COLUMNS,
+                            *PLAN_COLUMNS, *SPLIT_COLUMNS,
                             *OOM_COLUMNS, "steady_reasons", "machine_flags"))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout, how many
@@ -146,7 +147,7 @@ def summary_row(summary: Mapping[str, Any]) -> dict[str, Any]:
         row.update(_flatten_stats(phase, f"phase{phase.get('phase', position)}"))
     if summary.get("final"):
         row.update(_flatten_stats(summary["final"], "final"))
-    return row
+    return {**row, **split_columns(summary)}
 
 
 def _texts(value: Any) -> list[str]:

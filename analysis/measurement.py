@@ -6,13 +6,13 @@ unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass a
 DeepCompile without offload at one workload, and composed with DeepCompile's speed passes over alone, as a ratio of
 those medians with a two-level bootstrap interval (harness/contract/stats.py); an interval that holds 1 reads "no
 difference". `retry_table`: what the allocator's retries cost per design point, the slope of step time on retries
-per step. `wall_time_table`: where each point's wall time went, and the campaign's device minutes.
+per step. Where the device time went is analysis/wall_time.py's.
 """
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -306,69 +306,3 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                          "medians over the steps with the fewest retries and over all. ms/retry: the Theil-Sen "
                          "slope of step time on retries per step with its 95% interval (scipy.stats.theilslopes); "
                          "'-' where retries do not vary within the point.")
-
-
-WALL_PARTS = ("compile_s", "steps_s", "other_s")  # a run's wall time in three parts that sum to it
-
-
-def wall_parts(point: Mapping[str, Any], run: pd.DataFrame) -> dict[str, float | None]:
-    """Where one run's wall time went: the phases' first steps (the compile steps; an eager arm's first step), every
-    other step, and the rest (torchrun, the rank's start-up, machine readings, teardown); of the rest, the rank's
-    start-up (imports, model, engine), null in runs recorded before worker.json had it."""
-    wall = point.get("wall_time_s")
-    startup = None if is_missing(point.get("startup_s")) else float(point["startup_s"])
-    if is_missing(wall):
-        return {"wall_time_s": None, **dict.fromkeys(WALL_PARTS), "startup_s": startup}
-    first = run["phase_step"] == 0
-    compile_s, steps_s = float(run.loc[first, "step_time_s"].sum()), float(run.loc[~first, "step_time_s"].sum())
-    return {"wall_time_s": float(wall), "compile_s": compile_s, "steps_s": steps_s,
-            "other_s": float(wall) - compile_s - steps_s, "startup_s": startup}
-
-
-def _steps_by_run(steps: pd.DataFrame) -> Callable[[Mapping[str, Any]], pd.DataFrame]:
-    """A point -> its steps (every step of the last attempt: a re-run point's earlier attempts, under attempts/N/,
-    are not read; none for a point that ran out before its first step), the sweep's steps grouped once."""
-    by_run = dict(iter(steps.groupby(["sweep", "run_dir"]))) if not steps.empty else {}
-    empty = pd.DataFrame({"phase_step": pd.Series(dtype=int), "step_time_s": pd.Series(dtype=float)})
-    return lambda point: by_run.get((point["sweep"], point["run_dir"]), empty)
-
-
-def _seconds(values: Sequence[float | None]) -> float | None:
-    present = [value for value in values if value is not None]
-    return float(pd.Series(present).median()) if present else None
-
-
-WALL_TITLES = {"compile_s": "first steps (s)", "steps_s": "other steps (s)", "other_s": "rest (s)",
-               "startup_s": "of it start-up (s)", "wall_time_s": "wall (s)"}
-WALL_COLUMNS = [("", "arm"), ("", "runs"), *(("", title) for title in WALL_TITLES.values()), ("", "device (min)")]
-
-
-def _tenths(value: float | None) -> str:
-    return NOT_APPLICABLE if value is None else f"{value:.1f}"
-
-
-def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
-    """Per design point, where a run's wall time went (each part the median over its runs, every status: a run that
-    ran out still used the device), and the device minutes all its runs took; a last line sums the campaign."""
-    rows, lines = [], []
-    points_design, steps_of = design(points), _steps_by_run(steps)
-    for row, group in _design_points(points, points_design):
-        label = points_design.label(row)
-        # every run, whatever its status: a run that ran out still used the device
-        parts = [wall_parts(point, steps_of(point)) for point in group.to_dict("records")]
-        medians = {name: _seconds([part[name] for part in parts]) for name in WALL_TITLES}
-        device_min = sum(part["wall_time_s"] or 0.0 for part in parts) / 60
-        rows.append({**row, "n_runs": len(group), **medians, "device_min": device_min})
-        lines.append({("", "arm"): label, ("", "runs"): str(len(group)),
-                      **{("", title): _tenths(medians[name]) for name, title in WALL_TITLES.items()},
-                      ("", "device (min)"): _tenths(device_min)})
-    total = sum(row["device_min"] for row in rows)
-    lines.append({("", "arm"): "all points", ("", "runs"): str(sum(row["n_runs"] for row in rows)),
-                  ("", "device (min)"): _tenths(total)})
-    return Table("wall_time", pd.DataFrame(rows), display_frame(lines, WALL_COLUMNS),
-                 caption="Where each point's wall time went, each part the median over its runs of every status (so "
-                         "the parts of a point with several runs need not add up): the phases' first steps (the "
-                         "compile steps; an eager arm's first step), the other steps, and the rest (torchrun, the "
-                         "rank's start-up, machine readings, teardown), of which the start-up ('-' in runs recorded "
-                         "before it was); device (min): all runs of the point together, and of the campaign on the "
-                         "last line (a re-run point's earlier attempts not counted).")

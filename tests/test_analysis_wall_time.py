@@ -8,7 +8,7 @@ import pandas as pd
 
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
-from analysis.measurement import wall_time_table
+from analysis.wall_time import wall_time_table
 from harness.contract import runfiles
 
 
@@ -46,3 +46,60 @@ def test_a_sweep_whose_points_all_ran_out_before_a_step_still_counts_their_devic
     sweep = load_sweep(tmp_path)
     table = wall_time_table(sweep.points, sweep.steps)
     assert table.values["compile_s"].tolist() == [0.0] and table.values["device_min"].tolist() == [1.0]
+
+
+def first_step(phase: int, **seconds) -> dict:
+    return {"phase": phase, "step_time_s": 1.0, "lazy_backward_s": None, "pass_s": None, **seconds}
+
+
+def test_runs_that_recorded_their_split_show_its_parts_and_runs_before_it_read_not_available(tmp_path):
+    phases = ((50.0, 1.0, 1.0), (60.0, 1.0, 1.0, 1.0))  # ours: compile steps, then measured steps
+    split = {"imports_s": 8.0, "process_group_s": 4.0, "model_s": 3.0, "engine_s": 2.0, "after_steps_s": 0.5,
+             "process_s": 140.0,
+             "first_steps": [first_step(0, dynamo_s=45.0, inductor_s=10.0, dc_passes_s=30.0, dc_profiling_s=25.0,
+                                        pass_s=0.0),
+                             first_step(1, dynamo_s=50.0, lazy_backward_s=5.0, inductor_s=12.0, dc_passes_s=40.0,
+                                        dc_profiling_s=20.0, pass_s=4.0)]}
+    cache = {"key": "k1", "lookups": {"0": {"hit": 2, "miss": 0}, "1": {"hit": 3, "miss": 1}}}
+    ours = write_point(tmp_path, 0, arm="offload", phase_times=phases)
+    set_summary(tmp_path, ours, wall_time_s=150.0, startup_s=17.0, wall_split=split, profile_cache=cache)
+    before = write_point(tmp_path, 1, arm="deepcompile", phase_times=phases)
+    set_summary(tmp_path, before, wall_time_s=150.0)  # recorded before the split
+    sweep = load_sweep(tmp_path)
+    table = wall_time_table(sweep.points, sweep.steps)
+    row = table.values.set_index("arm").loc["offload"]
+    assert row["split_trace_s"] == (45 - 10 - 30) + (50 + 5 - 12 - 40)  # Dynamo and AOT: what is not nested
+    assert (row["split_inductor_s"], row["split_dc_profiling_s"], row["split_pass_s"]) == (22.0, 45.0, 4.0)
+    assert row["split_dc_other_s"] == (30 - 25) + (40 - 20 - 4)
+    assert (row["split_imports_s"], row["split_model_s"], row["split_engine_s"]) == (12.0, 3.0, 2.0)
+    assert row["split_teardown_s"] == 0.5 + 150 - 140  # torchrun's start and end, the worker's after its steps
+    assert (row["profiles_reused"], row["profiles_looked_up"]) == (5, 6)
+    assert row["measured_pct"] == 100 * 3.0 / 150  # the final phase's steps after its compile step
+    shown = table.display.set_index(("", "arm"))
+    assert shown.loc["offload", ("", "DC profiling (s)")] == "25.0 + 20.0"  # each phase's
+    assert shown.loc["offload", ("", "profiles reused")] == "5/6"
+    for title in ("trace (s)", "DC profiling (s)", "imports (s)", "torchrun + end (s)", "profiles reused"):
+        assert shown.loc["deepcompile", ("", title)] == "-"
+    assert shown.loc["all points", ("", "measured (%)")] == "2.0"  # 6 s of 300
+
+
+def test_a_table_of_runs_recorded_before_the_split_has_no_split_columns(tmp_path):
+    run_dir = write_point(tmp_path, 0, arm="offload", phase_times=((5.0, 1.0, 1.0),))
+    set_summary(tmp_path, run_dir, wall_time_s=60.0)
+    sweep = load_sweep(tmp_path)
+    table = wall_time_table(sweep.points, sweep.steps)
+    titles = [title for _, title in table.display.columns]
+    assert "trace (s)" not in titles and "profiles reused" not in titles
+    assert titles[-2:] == ["device (min)", "measured (%)"]
+
+
+def test_bench_prints_the_device_minutes_and_the_share_in_measured_steps(tmp_path):
+    from analysis.wall_time import device_time_line
+
+    for job, status in ((0, "ok"), (1, "oom")):
+        run_dir = write_point(tmp_path, job, arm="offload", repeat=job, status=status,
+                              phase_times=((10.0, 2.0, 4.0),))
+        set_summary(tmp_path, run_dir, wall_time_s=60.0)
+    sweep = load_sweep(tmp_path)
+    assert device_time_line(sweep.points, sweep.steps) == "== device time: 2.0 min over 2 runs, 5.0% of it in " \
+                                                          "measured steps"

@@ -6,6 +6,7 @@
     pytest -m gpu tests/test_offload_gpu.py -k accumulation        # gradient accumulation 4: 3 runs, ~8 min
     pytest -m gpu tests/test_offload_gpu.py -k compose             # composed with prefetch + selective gather at 12 GB
     pytest -m gpu tests/test_offload_gpu.py -k refused             # offload.if_infeasible=refuse at 2 GB (~2 min)
+    pytest -m gpu tests/test_offload_gpu.py -k reuse               # 2 budgets in a sweep, reused, vs each cold: 4 runs
 
 Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
 separate invocations share the deepcompile baseline. Run the points one at a time, never side by side on one GPU:
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.offload.profile import parse_profile
 
@@ -305,3 +308,53 @@ def test_an_infeasible_plan_is_refused_before_the_planned_phase_when_asked(runs_
     assert read_json(run_dir, "plan.json")["feasible"] is False
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     assert all(row["phase"] == 0 for row in steps)  # not one step of the planned phase ran
+
+
+# Reuse across a sweep (sweep.reuse, harness/rank/profile_cache.py): two budgets at the limit in one multirun, the
+# second point reusing the profiles DeepCompile made for the first; each must plan as the same budget run cold alone
+# (a single run reuses nothing).
+REUSE_BUDGETS = ("10", "11")
+
+
+def reuse_sweep(runs_dir: Path) -> dict[str, Path]:
+    """budget -> run dir of the multirun (run once; reused by name when every point finished ok)."""
+    sweep_dir = runs_dir / "offload_reuse_sweep"
+    summaries = sorted(sweep_dir.glob("*/summary.json"))
+    if len(summaries) < len(REUSE_BUDGETS) or any(json.loads(path.read_text())["status"] != "ok" for path in summaries):
+        shutil.rmtree(sweep_dir, ignore_errors=True)  # an earlier partial sweep's cache would make the first point warm
+        env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT)}
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the sweep's own cache dir, under the sweep dir
+        command = [sys.executable, "-m", "harness.run", "-m", *PROBE_AT_LIMIT, "arm=offload",
+                   "env.device_memory_gb=12", "offload.budget_rule=step_model",
+                   f"offload.budget_gb={','.join(REUSE_BUDGETS)}", f"hydra.sweep.dir={sweep_dir}"]
+        result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    points = {}
+    for path in sorted(sweep_dir.glob("*/summary.json")):
+        config = yaml.safe_load((path.parent / "config.yaml").read_text())
+        points[f"{config['offload']['budget_gb']:g}"] = path.parent
+    return points
+
+
+def lookups(run_dir: Path) -> tuple[int, int]:
+    """(reused, made) of DeepCompile's profiling runs, over every phase."""
+    counts = read_json(run_dir, "summary.json")["profile_cache"]["lookups"].values()
+    return sum(count["hit"] for count in counts), sum(count["miss"] for count in counts)
+
+
+def test_a_point_that_reuses_the_sweeps_profiles_plans_as_a_cold_one_at_two_budgets(runs_dir):
+    points = reuse_sweep(runs_dir)
+    first, later = (points[budget] for budget in REUSE_BUDGETS)
+    assert lookups(first)[0] == 0 and lookups(first)[1] > 0  # the first point profiles every graph itself
+    assert lookups(later)[0] > 0 and lookups(later)[1] == 0  # the later one profiles none
+    keys = {read_json(run_dir, "summary.json")["profile_cache"]["key"] for run_dir in (first, later)}
+    assert len(keys) == 1
+    for budget in REUSE_BUDGETS:
+        cold = run_point(runs_dir, f"offload_cold_{budget}gb", ["arm=offload", "env.device_memory_gb=12",
+                                                               "offload.budget_rule=step_model",
+                                                               f"offload.budget_gb={budget}"], base=PROBE_AT_LIMIT)
+        assert read_json(cold, "summary.json")["profile_cache"] is None  # a single run: cold
+        swept = points[budget]
+        assert read_json(swept, "plan.json")["offloaded"] == read_json(cold, "plan.json")["offloaded"], budget
+        assert read_json(swept, "summary.json")["predicted_peak_bytes"] \
+            == read_json(cold, "summary.json")["predicted_peak_bytes"], budget

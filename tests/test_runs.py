@@ -46,6 +46,12 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
         assert row["pinned_host_bytes"] is None and row["pin_time_s"] is None  # no pinned allocator on CPU
     worker = json.loads((run_dir / "worker.json").read_text())
     assert 1 < worker["startup_s"] < summary["wall_time_s"]  # importing torch alone takes over a second
+    split = summary["wall_split"]  # the eager arm's: start-up in parts, each phase's first step, no DeepCompile
+    assert split == worker["wall_split"] and summary["profile_cache"] is None  # a single run reuses nothing
+    assert [step["phase"] for step in split["first_steps"]] == [0, 1]
+    assert all(step["dc_profiling_s"] is None and step["dc_passes_s"] is None for step in split["first_steps"])
+    assert all(split[name] > 0 for name in ("imports_s", "process_group_s", "model_s", "engine_s"))
+    assert split["process_s"] < summary["wall_time_s"]
     env = json.loads((run_dir / "env.json").read_text())
     assert env["world_size"] == 1 and env["pytorch_cuda_alloc_conf"] == "expandable_segments:True"
     assert "git_sha" in env and env["torch"]

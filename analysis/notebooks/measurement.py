@@ -26,7 +26,8 @@ out_dir = "report"
 
 # %%
 from analysis import comparison_figures
-from analysis.measurement import comparison_table, measurement_table, retry_table, wall_time_table
+from analysis.measurement import comparison_table, measurement_table, retry_table
+from analysis.wall_time import wall_time_table
 from analysis.notebook import open_report
 
 report = open_report(sweep_dir, out_dir)

@@ -104,6 +104,11 @@ class Arm:
     def observe_step(self, record: Mapping[str, Any]) -> None:
         """A finished step's record (all ranks' aggregate), for arms whose planning measures the running step."""
 
+    def pass_seconds(self) -> float | None:
+        """Seconds the arm's own compile passes have taken so far (worker.json's wall_split); None for arms
+        without passes of their own."""
+        return None
+
     def plan_facts(self) -> dict[str, int]:
         """What the arm's last offload plan says, for worker.json: `planned_offload_bytes` (optimizer-state bytes
         moved off the device), and where the arm predicts them `predicted_peak_bytes` and `budget_bytes` (what it

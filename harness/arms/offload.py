@@ -56,3 +56,8 @@ class Offload(OffloadPassArm):
         from harness import offload
 
         return offload.plan_facts()
+
+    def pass_seconds(self) -> float | None:
+        from harness import offload
+
+        return offload.pass_seconds()

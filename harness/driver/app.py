@@ -67,6 +67,8 @@ def build_summary(config: dict, status: str, reason: str | None, rows: list[dict
         "warmup_steps": warmup,
         **protocol.steadiness([row for row in final_rows if protocol.is_measured(row, warmup)]),
         "machine": _machine_summary(worker_facts.get("machine")),
+        # where the first steps' and the rest's time went, and the profile cache's key (harness/rank/wall_split.py)
+        "wall_split": worker_facts.get("wall_split"), "profile_cache": worker_facts.get("profile_cache"),
         "phases": phases, "final": phases[-1] if phases else None,
     }
 

@@ -5,6 +5,7 @@ install(engine, offload_cfg, budget_bytes, run_dir) register ops and passes; ret
 counters()                                          cumulative op counters since process start
 observe_step(record)                                a finished step's record, for the step model
 plan_facts()                                        what the last plan moves, predicts and planned against
+pass_seconds()                                      seconds our passes took so far (None before install)
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from harness.contract.units import GB
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "plan_facts", "PLANNING_STEP"]
+__all__ = ["check_config", "check_knobs", "install", "counters", "observe_step", "plan_facts", "pass_seconds",
+           "PLANNING_STEP"]
 
 # The step our pass plans at (phase 1's start): step 1 runs phase 0's compiled graphs once more, and its measured
 # peaks correct the profile (schedule.py). Here, not in schedule.py, so that counting steps imports no DeepSpeed.
@@ -103,6 +105,11 @@ def plan_facts() -> dict:
         return {}
     return {"planned_offload_bytes": plan.offloaded_bytes, "predicted_peak_bytes": plan.predicted_peak_bytes,
             "budget_bytes": plan.budget_bytes}
+
+
+def pass_seconds() -> float | None:
+    """Seconds our passes (evict, snapshot, plan: our profile and plan) have taken in this process."""
+    return _installed.pass_seconds if _installed is not None else None
 
 
 def observe_step(record: dict) -> None:

@@ -114,6 +114,7 @@ class OffloadPass:
         self.compose = compose  # DeepCompile's passes between before_compose and plan (schedule.COMPOSED_PASSES)
         self._before: dict[tuple[int, bool], tuple[list, bool, int]] = {}  # (graph, bwd) -> records, complete, allocated
         self._held = {"prefetch_bytes": 0, "gathered_bytes": 0}  # this phase's, measured across the composed passes
+        self.pass_seconds = 0.0  # in evict, before_compose and plan (schedule.register_passes times them)
 
     def evict(self, gm: GraphModule, graph_id: int, graph_order, profiling_results, create_inputs_fn,
               mem_budget, param_manager, bwd: bool) -> None:

@@ -14,6 +14,10 @@ contracts before it resolves them to functions.
 """
 from __future__ import annotations
 
+import functools
+import time
+from typing import Callable
+
 from deepspeed.compile.passes.contract import CAP_OPT_STATES_EVICTED, CAP_Z3_GATHER_RELEASE, PassContract
 
 from harness.offload import PLANNING_STEP
@@ -55,6 +59,19 @@ def phase_at(schedule: list[tuple[int, list]], global_step: int) -> int:
 
 
 def register_passes(engine, offload_pass: OffloadPass) -> None:
-    engine.register_compile_pass(EVICT_PASS, offload_pass.evict, EVICT_CONTRACT)
-    engine.register_compile_pass(PLAN_PASS, offload_pass.plan, PLAN_CONTRACT)
-    engine.register_compile_pass(SNAPSHOT_PASS, offload_pass.before_compose, SNAPSHOT_CONTRACT)
+    engine.register_compile_pass(EVICT_PASS, _timed(offload_pass, offload_pass.evict), EVICT_CONTRACT)
+    engine.register_compile_pass(PLAN_PASS, _timed(offload_pass, offload_pass.plan), PLAN_CONTRACT)
+    engine.register_compile_pass(SNAPSHOT_PASS, _timed(offload_pass, offload_pass.before_compose), SNAPSHOT_CONTRACT)
+
+
+def _timed(offload_pass: OffloadPass, run: Callable) -> Callable:
+    """The pass, its seconds added to offload_pass.pass_seconds (the worker's wall split reads them)."""
+    @functools.wraps(run)
+    def timed(*args):
+        start = time.perf_counter()
+        try:
+            return run(*args)
+        finally:
+            offload_pass.pass_seconds += time.perf_counter() - start
+
+    return timed

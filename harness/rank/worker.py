@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from harness import arms
-from harness.rank import emulated_device, machine, models
+from harness.rank import emulated_device, machine, models, profile_cache
 from harness.contract import logs, protocol, runfiles
 from harness.contract.budget import resolve_budget_bytes
 from harness.contract.errors import refusal_in
@@ -32,6 +32,7 @@ from harness.contract import steps
 from harness.contract.steps import phase_of
 from harness.rank.host_memory import HostMemoryMonitor
 from harness.rank.monitor import ArmCounters, MemoryMonitor, aggregate_over_ranks, physical_total_bytes
+from harness.rank.wall_split import WallSplit
 from harness.contract.runfiles import StepWriter, write_json
 from harness.contract.units import GB
 
@@ -100,6 +101,11 @@ def gather_from_ranks(value: Any) -> list[Any]:
     return values
 
 
+def gpu_name(device: torch.device) -> str | None:
+    """The device's model name (None on a CPU run)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
 def gpu_uuid(device: torch.device) -> str | None:
     """The device's UUID as NVML names it (None on a CPU run)."""
     return f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None
@@ -161,10 +167,13 @@ def slow_down(cfg: dict, step: int, rank: int) -> None:
 
 
 def run(cfg: dict, run_dir: Path, position: Position) -> None:
+    split = WallSplit()
+    split.mark("imports_s")
     import deepspeed
 
     cuda = torch.cuda.is_available()
     device = init_distributed(cuda)
+    split.mark("process_group_s")
     rank, world = dist.get_rank(), dist.get_world_size()
     logs.setup(cfg["launcher"].get("log_level", logs.DEFAULT_LEVEL), rank)
     train, model_cfg = cfg["train"], cfg["model"]
@@ -183,9 +192,16 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
     torch.manual_seed(train["seed"])
     with deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = make_model()
+    split.mark("model_s")
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    cache = None
+    if isinstance(arm, arms.CompiledArm):  # DeepCompile profiles: timed, and reused across a sweep's points
+        cache = profile_cache.open_for(cfg, run_dir, rank, gpu_name(device))
+        split.profiling_seconds = profile_cache.install(cache, lambda: position.phase)
+    split.pass_seconds = arm.pass_seconds
     starts = arm.compile(cfg, engine, budget, str(run_dir))
+    split.mark("engine_s")
 
     host = HostMemoryMonitor(monitor.cuda)
     flops_per_token = models.flops_per_token(model_cfg, n_params, train["seq_len"])
@@ -218,6 +234,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         synchronize(device)
         watch.before(step)
         diagnostics.before(step, device)
+        split.before_step(phase_step)
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         for _ in range(train["grad_accum"]):
@@ -231,6 +248,7 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         slow_down(cfg, step, rank)
         synchronize(device)  # the one sync per step: the time covers all queued device work
         step_time = time.perf_counter() - start
+        split.after_step(phase, phase_step, step_time)
         diagnostics.after(step, device, run_dir)
         record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
                                "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(),
@@ -244,7 +262,9 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
 
     machine_facts = watch.facts()
     if rank == 0:
-        write_json(run_dir / runfiles.WORKER, {**facts, **arm.plan_facts(), **machine_facts})
+        write_json(run_dir / runfiles.WORKER, {**facts, **arm.plan_facts(), **machine_facts,
+                                               "profile_cache": cache.facts_for_worker() if cache else None,
+                                               "wall_split": split.facts()})
         writer.close()
     dist.barrier()
     logger.info(f"worker: rank {rank} finished {counts.total} steps")

@@ -219,3 +219,4 @@ class SweepConfig(Group):
     # the W&B group and the sweep folder's name: one folder under multirun/
     name: Annotated[str, PlainName(), Column("sweep_name")]
     strict: bool  # true: a multirun exits 1 when a point is not ok (false: when a point left no summary)
+    reuse: bool  # true: a multirun's points reuse DeepCompile's profiles and compile caches (harness/rank/profile_cache.py)

@@ -1,0 +1,121 @@
+"""Where a point's wall time goes, as rank 0 measures it (worker.json's `wall_split`, copied into summary.json).
+
+- start-up, in marks since the process began: imports (Python, torch), the process group (and DeepSpeed's import),
+  the model under zero.Init, the engine (deepspeed.initialize and the arm's compile set-up);
+- each phase's first step (`first_steps`, one entry per phase), cumulative timers read before and after it:
+  - `dynamo_s`: torch's Dynamo frame compiles (`_compile.compile_inner`), everything nested in them included
+    (AOT tracing, DeepCompile's forward passes, inductor); `lazy_backward_s`: backward graphs compiled at their
+    first backward (`backward._backward_impl`), which Dynamo's timer does not cover;
+  - `inductor_s`: inductor's compile of each graph (`compile_fx_inner`: code generation, Triton and C++ builds);
+  - `dc_passes_s`: DeepCompile's passes (deepspeed.compile.backend.opt_pass_times), its profiling runs included;
+  - `dc_profiling_s`: of them, DeepCompile's profiling runs (profile_cache wraps its two interpreters);
+  - `pass_s`: of them, our pass's evict, snapshot and plan (the offload arm only);
+  - the FX graph and AOTAutograd caches' hits and misses (torch's counters);
+  a torch timer this torch does not have (names move between releases) stays null, as does one never started in
+  the process so far; one that ran before but not in this step is a measured 0;
+- after the steps: the machine readings up to writing worker.json (`after_steps_s`), and the process's
+  whole life (`process_s`), so that the driver's wall time less it is torchrun's own start and end.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import psutil
+
+TORCH_TIMERS = {"dynamo_s": "_compile.compile_inner", "lazy_backward_s": "backward._backward_impl",
+                "inductor_s": "compile_fx_inner"}
+CACHE_COUNTERS = {"fx_graph_cache_hit": ("inductor", "fxgraph_cache_hit"),
+                  "fx_graph_cache_miss": ("inductor", "fxgraph_cache_miss"),
+                  "autograd_cache_hit": ("aot_autograd", "autograd_cache_hit"),
+                  "autograd_cache_miss": ("aot_autograd", "autograd_cache_miss")}
+STARTUP_MARKS = ("imports_s", "process_group_s", "model_s", "engine_s")  # in the order the worker reaches them
+
+
+def seconds_since_process_start() -> float:
+    return time.time() - psutil.Process().create_time()
+
+
+def torch_timers() -> dict[str, float | None]:
+    """Torch's cumulative compile timers, seconds (None: not in this torch, or never started so far)."""
+    try:
+        from torch._dynamo import utils
+    except ImportError:
+        return dict.fromkeys(TORCH_TIMERS)
+    metrics = getattr(utils, "compilation_time_metrics", None) or {}
+    return {name: (float(sum(metrics[key])) if key in metrics else None) for name, key in TORCH_TIMERS.items()}
+
+
+def cache_counters() -> dict[str, int | None]:
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return dict.fromkeys(CACHE_COUNTERS)
+    return {name: (int(counters[group][key]) if key in counters.get(group, {}) else None)
+            for name, (group, key) in CACHE_COUNTERS.items()}
+
+
+def dc_pass_seconds() -> float | None:
+    """DeepCompile's cumulative pass time (None where this DeepSpeed keeps no opt_pass_times)."""
+    try:
+        from deepspeed.compile import backend
+    except ImportError:
+        return None
+    times = getattr(backend, "opt_pass_times", None)
+    return None if times is None else float(sum(entry[-1] for entry in times))
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    """A cumulative reading's growth; a timer first started during the step counts from 0, one never started
+    stays None."""
+    if after is None:
+        return None
+    return round(after - (before or 0), 3)
+
+
+class WallSplit:
+    """Rank 0's marks and each phase's first-step readings, for worker.json."""
+
+    def __init__(self, profiling_seconds: Callable[[], dict[int, float]] | None = None,
+                 pass_seconds: Callable[[], float | None] = lambda: None):
+        self.profiling_seconds = profiling_seconds  # profile_cache.install's reader (None: not compiled)
+        self.pass_seconds = pass_seconds
+        self.marks: dict[str, float] = {}
+        self.first_steps: list[dict[str, Any]] = []
+        self._before: dict[str, Any] = {}
+        self._steps_end: float | None = None
+
+    def mark(self, name: str) -> None:
+        """The end of a start-up part (STARTUP_MARKS), as seconds since the process began."""
+        self.marks[name] = seconds_since_process_start()
+
+    def _readings(self) -> dict[str, Any]:
+        compiled = self.profiling_seconds is not None  # DeepCompile's numbers only where it compiles
+        return {**torch_timers(), "dc_passes_s": dc_pass_seconds() if compiled else None,
+                "dc_profiling_s": sum(self.profiling_seconds().values()) if compiled else None,
+                "pass_s": self.pass_seconds(), **cache_counters()}
+
+    def before_step(self, phase_step: int) -> None:
+        if phase_step == 0:
+            self._before = self._readings()
+
+    def after_step(self, phase: int, phase_step: int, step_time_s: float) -> None:
+        self._steps_end = time.perf_counter()
+        if phase_step != 0:
+            return
+        after = self._readings()
+        self.first_steps.append({"phase": phase, "step_time_s": round(step_time_s, 3),
+                                 **{name: _delta(self._before.get(name), value) for name, value in after.items()}})
+
+    def facts(self) -> dict[str, Any]:
+        """worker.json's wall_split, at its last write."""
+        startup, previous = {}, 0.0
+        for name in STARTUP_MARKS:
+            if name in self.marks:
+                startup[name] = round(self.marks[name] - previous, 3)
+                previous = self.marks[name]
+            else:
+                startup[name] = None
+        after_steps = None if self._steps_end is None else round(time.perf_counter() - self._steps_end, 3)
+        return {**startup, "first_steps": self.first_steps, "after_steps_s": after_steps,
+                "process_s": round(seconds_since_process_start(), 3)}
