@@ -325,7 +325,7 @@ def reuse_sweep(runs_dir: Path) -> dict[str, Path]:
         env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT)}
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the sweep's own cache dir, under the sweep dir
         command = [sys.executable, "-m", "harness.run", "-m", *PROBE_AT_LIMIT, "arm=offload",
-                   "env.device_memory_gb=12", "offload.budget_rule=step_model",
+                   "env.device_memory_gb=12", "offload.budget_rule=step_model", "sweep.reuse=true",
                    f"offload.budget_gb={','.join(REUSE_BUDGETS)}", f"hydra.sweep.dir={sweep_dir}"]
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

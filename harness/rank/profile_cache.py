@@ -1,4 +1,4 @@
-"""Reuse across the points of a sweep (`sweep.reuse`, on by default): DeepCompile's profiling runs, made once per
+"""Reuse across the points of a sweep (`sweep.reuse`, off by default until its GPU test passes): DeepCompile's profiling runs, made once per
 graph and reused by every later point of the same key, and inductor's and Triton's caches in the sweep dir.
 
 What is reused. DeepCompile profiles each graph it compiles by running it, node by node, many times
