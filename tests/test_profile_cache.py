@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.fx import symbolic_trace
 
-from harness.driver.compose import compose_point
+from harness.config.compose import compose_point
 from harness.rank import profile_cache
 from harness.rank.profile_cache import ProfileCache, fingerprint, key_facts
 
@@ -166,7 +166,12 @@ def test_an_incomplete_profiling_run_is_not_kept(tmp_path, cfg):
     assert not list(cache.dir.glob("p0-*"))
 
 
+def test_reuse_is_off_by_default(cfg):
+    assert cfg["sweep"]["reuse"] is False
+
+
 def test_reuse_needs_a_sweep_dir_and_the_knob(tmp_path, cfg, monkeypatch):
+    cfg = changed(cfg, "sweep", "reuse", True)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unchanged")
     monkeypatch.setenv("TRITON_CACHE_DIR", "unchanged")
     sweep, run_dir = tmp_path / "sweep", tmp_path / "sweep" / "0_point"
