@@ -93,12 +93,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, NoReturn
 
+from harness.contract.checks import LARGEST_MAGNITUDE, is_usable_number
 from harness.contract.errors import ConfigError
 from harness.offload.profile import (Profile, Task, byte_count, expect, for_planning, load_profile,
                                      missing_readings, parse_profile, read_profile)
@@ -433,17 +433,19 @@ class _OneLineParser(argparse.ArgumentParser):
     """Usage errors as one stderr line, exit 2, like ConfigErrors."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
+        cut = message if len(message) <= 200 else message[:197] + "..."  # argparse quotes a bad value whole
+        self.exit(2, f"{self.prog}: {cut}\n")
 
 
 def _gb_to_bytes(value: float, key: str) -> int:
-    expect(math.isfinite(value) and value >= 0, key, f"must be a finite number >= 0, got {value}")
+    expect(is_usable_number(value) and value >= 0, key,
+           f"must be a finite number >= 0 and at most {LARGEST_MAGNITUDE:g}, got {value:g}")
     return int(value * GB)
 
 
 def _budget_from_args(args: argparse.Namespace) -> int:
     if args.budget_bytes is not None:
-        return args.budget_bytes
+        return byte_count(args.budget_bytes, "offload.budget_bytes")
     return _gb_to_bytes(args.budget_gb, "offload.budget_gb")
 
 
