@@ -121,7 +121,10 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
     cmd, worker_env = nodes.node_command(config, run_dir, place)
     launcher, steps = config["launcher"], config["train"]["steps"]
     multinode, log_name = launcher["nnodes"] > 1, runfiles.node_log(place.node_rank)
-    stall = progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None
+    stall = progress.first_of(
+        progress.StartupWatch(run_dir, launcher["startup_timeout_s"], log_name)
+        if launcher.get("startup_timeout_s") else None,
+        progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None)
     peers = stops.peer_failure_watch(run_dir, place) if multinode else None
     end_time = stops.job_end_time(place)
     result = launch.run_workers(

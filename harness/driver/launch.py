@@ -22,6 +22,7 @@ import psutil
 
 from harness import arms
 from harness.contract import runfiles
+from harness.driver import buildlocks
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
 _KILL_GRACE_S = 10
@@ -101,7 +102,9 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
     at the timeout, when `stall` reports that the ranks stopped making progress, on a stop signal (SLURM's
     preemption or time-limit warning; `name_stop` names the status), on Ctrl-C or SIGHUP (`interrupted`), or
     when `peer_failure` reports that another node of the point failed, recording which. A second signal while
-    stopping kills at once. No process of the point outlives this call, however it ends."""
+    stopping kills at once. No process of the point outlives this call, however it ends, and no build lock is left
+    that no build holds: one is cleared before the launch and after (harness/driver/buildlocks.py), so an op build
+    stopped mid-way never makes a later point wait forever."""
     stop: dict[str, str] = {}
     point: list[PointProcesses] = []  # filled once torchrun runs; a signal may come before
 
@@ -116,6 +119,7 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
 
     with runfiles.open_append(run_dir / log_name) as log:  # which command each node ran heads its log
         log.write(f"$ {shlex.join(cmd)}\n")
+    buildlocks.clear_stale_locks(env)
     previous = _install_handlers(tuple(dict.fromkeys((*stop_signals, *INTERRUPT_SIGNALS))), on_signal)
     start = time.monotonic()
     timed_out, failed_peer, stalled, pump = False, None, None, None
@@ -141,6 +145,7 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
     finally:
         for processes in point:
             processes.stop()  # our handlers stay in place meanwhile: a second Ctrl-C kills at once
+        buildlocks.clear_stale_locks(env)  # an op build the stop ended mid-way
         _restore_handlers(previous)
     if pump is not None:
         pump.join(timeout=5)
