@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from harness import arms  # noqa: E402
 from harness.driver import compose, console, estimate, launch, progress, signals  # noqa: E402
 from harness.rank import emulated_device, machine  # noqa: E402
-from harness.contract import exits, logs, protocol, runfiles  # noqa: E402
+from harness.contract import exits, logs, protocol, runfiles, safe_read  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
 from harness.contract.checks import is_usable_number, lookup  # noqa: E402
 from harness.contract.envinfo import collect_env  # noqa: E402
@@ -134,12 +134,25 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
     rows = read_jsonl(run_dir / runfiles.STEPS)
     status, reason = launch.classify(result, run_dir, len(rows), steps)
     facts_path = run_dir / runfiles.WORKER
-    facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
+    facts = read_worker_facts(facts_path)
     if facts and place.primary:  # the ranks know the world they ran in
         env.update(world_size=facts["world_size"], hostnames=facts["hostnames"])
         write_json(run_dir / runfiles.ENV, env)
     oom = launch.oom_facts(run_dir) if status == "oom" else None
     return build_summary(config, status, reason, rows, result.wall_time_s, facts, oom)
+
+
+def read_worker_facts(facts_path: Path) -> dict:
+    """worker.json, what the ranks saw; {} where they wrote none, and, with one warning line, where it is no object
+    safe_read reads (a run dir's files are read by its rules, the driver's own included)."""
+    try:
+        facts = safe_read.read_json(facts_path, facts_path.parent)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:  # safe_read.RefusedFile too
+        logger.warning(f"warning: {facts_path}: not read ({traceback_last_line(error)})")
+        return {}
+    return facts if isinstance(facts, dict) else {}
 
 
 def drive(cfg: DictConfig) -> str:

@@ -5,7 +5,6 @@ status instead of taking the sweep down with it.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -21,7 +20,7 @@ from typing import Any, Callable
 import psutil
 
 from harness import arms
-from harness.contract import runfiles
+from harness.contract import runfiles, safe_read
 from harness.driver import buildlocks
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
@@ -226,8 +225,8 @@ def rank_errors(run_dir: Path) -> list[dict]:
     errors = []
     for path in sorted(run_dir.glob(runfiles.RANK_ERRORS)):
         try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
+            errors.append(safe_read.read_json(path, run_dir))
+        except (OSError, ValueError):  # safe_read.RefusedFile too
             errors.append({"kind": "error", "message": f"unreadable {path.name}"})
     return errors
 

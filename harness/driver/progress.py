@@ -8,12 +8,11 @@ rank waiting on a build lock that nobody will release, say) ends as `timeout`, i
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from harness.contract import runfiles
+from harness.contract import runfiles, safe_read
 
 
 class StallWatch:
@@ -49,8 +48,8 @@ class StallWatch:
         """The steps where a phase begins, from worker.json (rank 0 writes it before the first step)."""
         if self._phase_starts is None:
             try:
-                self._phase_starts = set(json.loads(self._facts_path.read_text())["phase_starts"])
-            except (OSError, ValueError, KeyError):
+                self._phase_starts = set(safe_read.read_json(self._facts_path)["phase_starts"])
+            except (OSError, ValueError, KeyError, TypeError):  # safe_read.RefusedFile is a ValueError
                 return set()
         return self._phase_starts
 
