@@ -112,7 +112,7 @@ ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     ("env.json", DEEP_JSON, False),
     ("plan.json", DEEP_JSON, False),
     ("config.yaml", ALIAS_BOMB, True),
-])
+], ids=["deep-config", "deep-summary", "deep-env", "deep-plan", "alias-bomb-config"])
 def test_deep_nesting_and_alias_bombs_are_one_warning_not_a_crash(tmp_path, name, text, left_out):
     first, _ = two_points(tmp_path)
     (first / name).write_text(text)

@@ -1,6 +1,7 @@
 """`harness plan` on every bad profile or argument: one line on stderr, exit 2, never a traceback or a plan."""
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def write(tmp_path: Path, text: str | bytes) -> str:
     ("9" * 5000, "not valid JSON"),
     (json.dumps(with_reading(SMALL_PROFILE, "measured_start_bytes", 10 ** 400)), "profile.measured_start_bytes"),
     (json.dumps(with_reading(SMALL_PROFILE, "step_transient_bytes", 10 ** 20)), "profile.step_transient_bytes"),
-])
+], ids=["binary", "deep", "deep-graphs", "5000-digits", "400-digit-reading", "past-a-petabyte"])
 def test_a_bad_profile_is_one_line_and_exit_2(tmp_path, capsys, content, naming):
     refused_in_one_line(capsys, "--profile", write(tmp_path, content), "--budget-gb", "1", naming=naming)
 
@@ -51,7 +52,13 @@ def test_a_bad_profile_is_one_line_and_exit_2(tmp_path, capsys, content, naming)
 def test_a_fifo_or_a_device_for_a_profile_is_refused_without_opening_it(tmp_path, capsys):
     fifo = tmp_path / "profile.json"
     os.mkfifo(fifo)
-    refused_in_one_line(capsys, "--profile", str(fifo), "--budget-gb", "1", naming="not a regular file")
+    # Were it opened, the open would wait for a writer: one that never writes lets a regression fail, not hang.
+    writer = threading.Timer(20, lambda: os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)))
+    writer.start()
+    try:
+        refused_in_one_line(capsys, "--profile", str(fifo), "--budget-gb", "1", naming="not a regular file")
+    finally:
+        writer.cancel()
     refused_in_one_line(capsys, "--profile", "/dev/zero", "--budget-gb", "1", naming="not a regular file")
 
 
@@ -62,7 +69,8 @@ def test_a_fifo_or_a_device_for_a_profile_is_refused_without_opening_it(tmp_path
     (["--budget-gb=1", "--budget-rule=deepspeed", "--peak-cap-gb=1e300"], "offload.peak_cap_gb"),
     (["--budget-bytes=" + "9" * 400], "offload.budget_bytes"),
     (["--budget-bytes=" + "9" * 5000], "--budget-bytes"),
-])
+], ids=["budget-1e300", "budget-inf", "device-1e300", "cap-1e300", "budget-bytes-400-digits",
+        "budget-bytes-5000-digits"])
 def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, capsys, args, naming):
     profile = write(tmp_path, json.dumps(MEASURED))
     refused_in_one_line(capsys, "--profile", profile, *args, naming=naming)
