@@ -42,7 +42,7 @@ def load_points(sweep_dirs: list[Path], problems: list[Problem] | None = None) -
     imported); each unreadable file becomes one Problem in `problems`."""
     points = []
     for sweep_dir in sweep_dirs:
-        files = reader.read_sweep(sweep_dir)
+        files = reader.read_sweep(sweep_dir, known_class)
         if problems is not None:
             problems.extend(files.problems)
         points.extend(points_of(sweep_dir, files))
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from analysis.load import combined, sweep_of
 
-    read = [(sweep_dir, reader.read_sweep(sweep_dir)) for sweep_dir in sweep_dirs]  # each sweep read once
+    read = [(sweep_dir, reader.read_sweep(sweep_dir, known_class)) for sweep_dir in sweep_dirs]  # each sweep read once
     for _, files in read:
         for problem in files.problems:
             print(problem.line(), file=sys.stderr)

@@ -41,7 +41,7 @@ STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout, how many
 # steps it ran and measured): a point with an injected fault stands where a real failure of the same design point
 # would, and runs of one design point measured for longer are repeats of it.
-OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_)?timeout_s$"
+OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_|startup_)?timeout_s$"
                          r"|^(steps|warmup_steps|measure_steps)$")
 MISSING = object()  # a config key that is not there, as opposed to one set to null
 OFFLOAD_GROUP = "offload."

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.columns import OVER_BUDGET, cell_value, config_row, recorded_auto_rule, summary_row
+from harness.arms import known_class
 from harness.contract.budget import recorded_over_budget_bytes
 from harness.contract.reader import Problem, RunFiles, SweepFiles, read_sweep
 from harness.contract.runfiles import job_order
@@ -58,7 +59,7 @@ def combined(sweeps: list[Sweep]) -> Sweep:
 
 def load_sweep(sweep_dir: str | Path) -> Sweep:
     """All points of one Hydra multirun dir (or of a single run dir)."""
-    return sweep_of(Path(sweep_dir), read_sweep(sweep_dir))
+    return sweep_of(Path(sweep_dir), read_sweep(sweep_dir, known_class))
 
 
 def sweep_of(sweep_dir: Path, files: SweepFiles) -> Sweep:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_notebook(name: str, sweep_dir: Path, out_dir: Path) -> bool:
-    """Execute one notebook with papermill in a kernel of this interpreter; False (and a line) if it fails."""
+    """Execute one notebook with papermill in a kernel of this interpreter; False (and a line) if it fails. The
+    kernel runs in an empty folder of its own, never in the output dir (a results folder, and what it holds, come
+    from whoever ran the sweep): a pandas.py or a matplotlibrc there is never imported or honoured."""
     import jupytext
     import papermill
     import zmq
@@ -60,11 +63,11 @@ def run_notebook(name: str, sweep_dir: Path, out_dir: Path) -> bool:
     if "transport_encryption" in kernel.trait_names() and zmq.has("curve"):
         kernel.transport_encryption = "auto"  # newer kernels warn about (and deserve) encrypted sockets
     try:
-        with _importable_from_kernel():
+        with _importable_from_kernel(), tempfile.TemporaryDirectory(prefix="harness-kernel-") as kernel_dir:
             papermill.execute_notebook(
                 jupytext.read(NOTEBOOK_DIR / f"{name}.py"), str(executed),
                 parameters={"sweep_dir": str(sweep_dir), "out_dir": str(out_dir)},
-                kernel_name="python3", km=kernel, progress_bar=False, cwd=str(out_dir))
+                kernel_name="python3", km=kernel, progress_bar=False, cwd=kernel_dir)
     except papermill.PapermillExecutionError as error:
         print(f"error: notebook {name} failed: {error.ename}: {error.evalue} (see {executed})", file=sys.stderr)
         return False
@@ -73,16 +76,19 @@ def run_notebook(name: str, sweep_dir: Path, out_dir: Path) -> bool:
 
 @contextmanager
 def _importable_from_kernel() -> Iterator[None]:
-    """The kernel inherits this environment: put the package on its path even when it is not installed."""
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), before]))
+    """The kernel inherits this environment: its path is the package (even when it is not installed), then what
+    PYTHONPATH held, then the interpreter's own; PYTHONSAFEPATH keeps the kernel's working folder off it."""
+    before = {name: os.environ.get(name) for name in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), before["PYTHONPATH"]]))
+    os.environ["PYTHONSAFEPATH"] = "1"
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 if __name__ == "__main__":

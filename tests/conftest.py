@@ -107,7 +107,9 @@ def schema_keys() -> dict[str, object]:
 def driver_env(**slurm: str) -> dict[str, str]:
     """This environment without the machine's own SLURM variables (a test sets those it fakes)."""
     env = {key: value for key, value in os.environ.items() if key not in SLURM_KEYS}
-    return {**env, "WANDB_SILENT": "true", **slurm}
+    # This checkout's code first, wherever the package is installed from (the subprocess's cwd is a test's folder).
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return {**env, "PYTHONPATH": path, "WANDB_SILENT": "true", **slurm}
 
 
 def harness_cmd(tmp_path: Path, *overrides: str, multirun: bool = False, fast: list[str] = TINY_RUN,

@@ -39,18 +39,6 @@ def test_sigterm_ends_the_sweep_outside_slurm_only():
     assert stops.stop_status(signal.SIGTERM, end_time=100.0, now=10.0) == "preempted"
 
 
-def test_sigterm_raises_terminated_in_the_driver_outside_slurm_and_keeps_slurms_handling():
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        stops.end_on_sigterm({"SLURM_JOB_ID": "42"})
-        assert signal.getsignal(signal.SIGTERM) is before
-        stops.end_on_sigterm({})
-        with pytest.raises(stops.Terminated):
-            signal.raise_signal(signal.SIGTERM)
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def test_recording_a_failure_in_an_unwritable_run_dir_is_one_line_not_an_exception(tmp_path, capsys):
     cfg = OmegaConf.create({"arm": {"name": "zero3"}, "model": {"name": "tiny"}})
     with unwritable(tmp_path):

@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping
@@ -94,21 +93,9 @@ def requeue_preempted(place: NodePlace, wanted: bool) -> bool:
 
 
 class Terminated(BaseException):
-    """SIGTERM outside SLURM while the driver itself runs (between points, or before a point's ranks start): like
-    Ctrl-C's KeyboardInterrupt, not an Exception, so nothing on the way catches it as a failure."""
-
-
-def end_on_sigterm(environ: Mapping[str, str] = os.environ) -> None:
-    """Outside SLURM, a SIGTERM (kill, timeout, docker stop, a CI runner's cancel) ends the sweep: raise Terminated
-    in the driver (while a point's ranks run, run_workers stops them first and records the point `preempted`).
-    Under SLURM, SIGTERM is a preemption the job's own handling answers."""
-    if "SLURM_JOB_ID" in environ or threading.current_thread() is not threading.main_thread():
-        return
-
-    def terminate(signum, frame):
-        raise Terminated("SIGTERM")
-
-    signal.signal(signal.SIGTERM, terminate)
+    """SIGTERM outside SLURM while the driver itself runs (before a point's ranks start, or after they end:
+    harness/driver/signals.py raises it): like Ctrl-C's KeyboardInterrupt, not an Exception, so nothing on the way
+    catches it as a failure."""
 
 
 def ends_the_sweep(status: str, place: NodePlace) -> bool:

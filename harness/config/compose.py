@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from harness.contract.envinfo import REPO_ROOT
+from harness.contract.checks import lookup, shown
 from harness.contract.errors import ConfigError
 
 CONF_DIR = REPO_ROOT / "conf"
@@ -112,18 +114,24 @@ def _override_key(overrides: Sequence[str], text: str) -> str:
     return "overrides"
 
 
-def _check_syntax(overrides: Sequence[str]) -> None:
-    """Each override alone through Hydra's grammar, so a syntax error names its own key."""
+def check_syntax(overrides: Sequence[str]) -> None:
+    """Each override alone through Hydra's grammar, so a syntax error names its own key. A number too long for
+    Python to read (thousands of digits: Hydra's parser raises a ValueError) is refused the same way."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
         try:
             parser.parse_override(override)
         except HydraException as error:
             first_line = (str(error).strip().splitlines() or ["cannot parse"])[-1]
-            raise ConfigError(override.lstrip("+~").split("=", 1)[0], f"cannot parse {override!r}: {first_line}") from None
+            raise ConfigError(key, f"cannot parse {shown(override)}: {first_line}") from None
+        except ValueError:
+            digits = sum(char.isdigit() for char in override.partition("=")[2])
+            raise ConfigError(key, f"a number of {digits} digits, more than Python reads "
+                              f"({sys.get_int_max_str_digits()})") from None
 
 
 def check_command_line(args: list[str]) -> None:
@@ -138,7 +146,7 @@ def check_command_line(args: list[str]) -> None:
     if parsed.config_dir and not Path(parsed.config_dir).is_dir():
         raise ConfigError("--config-dir", f"{parsed.config_dir}: not a directory")
     overrides = list(parsed.overrides)
-    _check_syntax(overrides)
+    check_syntax(overrides)
     with _hydra([parsed.config_dir] if parsed.config_dir else []) as hydra:
         points = [overrides]
         if parsed.multirun:  # the sweep folder is named from the primary config's sweep.name
@@ -158,7 +166,10 @@ def check_sweep_name(cfg) -> None:
     from harness.contract import schema
 
     sweep = resolve(cfg.sweep, prefix="sweep")
-    schema.check_group("sweep", {"sweep": sweep}, part=schema.SweepConfig)
+    try:
+        schema.check_group("sweep", {"sweep": sweep}, part=schema.SweepConfig)
+    except ConfigError as error:
+        raise hide_interpolated(error, cfg, {"sweep": sweep}) from None
 
 
 # --- resolving ---------------------------------------------------------------------------------------------------
@@ -197,3 +208,32 @@ def _unresolvable(cfg, prefix: str) -> tuple[str, Any, Exception] | None:
         except Exception as error:  # a resolver may raise anything
             return key, raw, error
     return None
+
+
+# --- what an error may quote ---------------------------------------------------------------------------------------
+
+INTERPOLATED = "a value from an interpolation (not shown)"
+
+
+def hide_interpolated(error: ConfigError, cfg, resolved: Mapping[str, Any]) -> ConfigError:
+    """The error without the values that came from interpolations: an environment variable (`${oc.env:...}`) may
+    hold a secret, and the error line goes to the console and into summary.json. `cfg` is the config as written
+    (a DictConfig), `resolved` the same config resolved."""
+    from omegaconf import OmegaConf
+
+    message = error.message
+    for key, raw in _leaves(OmegaConf.to_container(cfg, resolve=False)):
+        value = lookup(resolved, key, None)
+        if isinstance(raw, str) and "${" in raw and (isinstance(value, str) or key == error.key):
+            for quoted in dict.fromkeys((shown(value), repr(value))):
+                message = message.replace(quoted, INTERPOLATED)
+    return error if message == error.message else ConfigError(error.key, message)
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value as written) of every value below a section."""
+    if isinstance(node, Mapping):
+        for name, value in node.items():
+            yield from _leaves(value, f"{prefix}.{name}" if prefix else str(name))
+    else:
+        yield prefix, node

@@ -33,6 +33,17 @@ def is_usable_number(value) -> bool:
     return is_finite_number(value) and abs(value) <= LARGEST_MAGNITUDE
 
 
+SHOWN_CHARS = 60  # an error names a value by at most this much of it: one line, whatever the value
+
+
+def shown(value: Any) -> str:
+    """A value as an error line quotes it: its repr cut to SHOWN_CHARS, an integer of many digits by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
 def _yaml(value: Any) -> str:
     """A value as the command line spells it (null, true)."""
     if value is None or isinstance(value, bool):
@@ -57,9 +68,10 @@ class Number:
         if value is None and self.nullable:
             return
         if not self.accepts(value):
-            raise ConfigError(key, f"must be {self.describe()}, got {value!r}")
+            raise ConfigError(key, f"must be {self.describe()}, got {shown(value)}")
         if not is_usable_number(value):
-            raise ConfigError(key, f"must be {self.describe()} and at most {LARGEST_MAGNITUDE:g} in size, got {value!r}")
+            raise ConfigError(key, f"must be {self.describe()} and at most {LARGEST_MAGNITUDE:g} in size, "
+                              f"got {shown(value)}")
 
     def accepts(self, value: Any) -> bool:
         """Whether the value is of the kind and in the range (its size is checked apart, for its own message)."""
@@ -89,7 +101,7 @@ class Choice:
 
     def check(self, key: str, value: Any) -> None:
         if not any(type(value) is type(option) and value == option for option in self.options):
-            raise ConfigError(key, f"must be one of {', '.join(map(_yaml, self.options))}, got {value!r}")
+            raise ConfigError(key, f"must be one of {', '.join(map(_yaml, self.options))}, got {shown(value)}")
 
 
 # Control characters (NUL above all) cannot go into an environment variable, a W&B name or a folder name.
@@ -106,7 +118,7 @@ class Text:
             return
         if not isinstance(value, str) or _CONTROL.search(value):
             kind = "a string without control characters"
-            raise ConfigError(key, f"must be {'null or ' if self.nullable else ''}{kind}, got {value!r}")
+            raise ConfigError(key, f"must be {'null or ' if self.nullable else ''}{kind}, got {shown(value)}")
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
@@ -120,7 +132,7 @@ class PlainName:
     def check(self, key: str, value: Any) -> None:
         if not (isinstance(value, str) and _PLAIN_NAME.fullmatch(value)):
             raise ConfigError(key, "must be a plain name (letters, digits, _ . + -; not starting with a dot; "
-                              f"at most 100 characters), got {value!r}")
+                              f"at most 100 characters), got {shown(value)}")
 
 
 POSITIVE_INT = Number(low=1, integer=True)

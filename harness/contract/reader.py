@@ -2,13 +2,16 @@
 and the sweep index all read a sweep dir through this one reader, which
 - never imports a module because a file names it: an arm's class is looked up among the known ones
   (harness/contract/arm_targets.py), and a run dir naming another is read as an unknown arm, with one warning;
-- never follows a path out of the sweep dir: an index entry or a run dir that leads elsewhere is refused;
+- never follows a path out of the sweep dir: an index entry or a run dir that leads elsewhere is refused, and each
+  run file is opened only as harness.contract.safe_read allows (a regular file inside the sweep dir once its links
+  are resolved, of a bounded size, JSON and YAML of a bounded depth and without aliases);
+- leaves out a point whose config.yaml holds a value of the wrong type for its key (a string or a list where a
+  number belongs, an integer too large to compute with), with one warning naming the file and the key;
 - turns each bad file into one Problem naming it and reads on: a point without a readable config.yaml or
   summary.json is left out, a bad env.json, plan.json or bad steps.jsonl lines only cost those columns or rows.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +19,10 @@ from typing import Any
 
 import yaml
 
-from harness.contract import arm_targets, runfiles
+from harness.contract import arm_targets, runfiles, safe_read
 from harness.contract.checks import is_finite_number, lookup
+from harness.contract.config_types import ArmClassOf, wrong_types
+from harness.contract.errors import ConfigError
 from harness.contract.statuses import STATUSES
 
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
@@ -73,32 +78,39 @@ class SweepFiles:
     problems: list[Problem] = field(default_factory=list)
 
 
-def read_sweep(sweep_dir: str | Path) -> SweepFiles:
-    """Every point of one sweep dir (its index.jsonl and its run dirs), or of a single run dir."""
+def read_sweep(sweep_dir: str | Path, arm_class_of: ArmClassOf | None = None) -> SweepFiles:
+    """Every point of one sweep dir (its index.jsonl and its run dirs), or of a single run dir. `arm_class_of`
+    (harness.arms.known_class, from a caller above the contract) lets the type check read the arm's own knobs."""
     sweep_dir = Path(sweep_dir)
     problems: list[Problem] = []
     listed = read_index(sweep_dir, problems)
-    overrides = {run_dir: listed[run_dir] if run_dir in listed else hydra_overrides(sweep_dir / run_dir)
+    overrides = {run_dir: listed[run_dir] if run_dir in listed
+                 else hydra_overrides(sweep_dir / run_dir, problems, root=sweep_dir)
                  for run_dir in run_dirs(sweep_dir, listed, problems)}
     points = [point for run_dir, point_overrides in overrides.items()
-              if (point := read_point(sweep_dir, run_dir, point_overrides, problems)) is not None]
+              if (point := read_point(sweep_dir, run_dir, point_overrides, problems, arm_class_of)) is not None]
     return SweepFiles(points, overrides, problems)
 
 
-def read_point(sweep_dir: Path, run_dir: str, overrides: list[str], problems: list[Problem]) -> RunFiles | None:
+def read_point(sweep_dir: Path, run_dir: str, overrides: list[str], problems: list[Problem],
+               arm_class_of: ArmClassOf | None = None) -> RunFiles | None:
     path = sweep_dir / run_dir
     try:
-        config = read_config(path / runfiles.CONFIG)
-        summary = read_summary(path / runfiles.SUMMARY)
+        config = read_config(path / runfiles.CONFIG, root=sweep_dir)
+        summary = read_summary(path / runfiles.SUMMARY, root=sweep_dir)
     except (OSError, MalformedFile) as error:
         problems.append(Problem(_problem_file(error), _describe(error), point=str(path)))
+        return None
+    wrong = wrong_types(config, arm_class_of)
+    if wrong:  # the tables group and compute by these keys: a point they cannot read is left out whole
+        problems.append(Problem(str(path / runfiles.CONFIG), "; ".join(wrong), point=str(path)))
         return None
     unknown_arm = arm_problem(config, path / runfiles.CONFIG)
     if unknown_arm is not None:
         problems.append(unknown_arm)
-    env = read_env(path / runfiles.ENV, problems)
-    steps = read_steps(path / runfiles.STEPS, summary.get("steps_completed"), problems)
-    plan = read_plan(path / runfiles.PLAN, problems)
+    env = read_env(path / runfiles.ENV, problems, root=sweep_dir)
+    steps = read_steps(path / runfiles.STEPS, summary.get("steps_completed"), problems, root=sweep_dir)
+    plan = read_plan(path / runfiles.PLAN, problems, root=sweep_dir)
     return RunFiles(run_dir, overrides, config, summary, env, steps, plan)
 
 
@@ -115,15 +127,20 @@ def read_index(sweep_dir: Path, problems: list[Problem]) -> dict[str, list[str]]
     """run_dir -> overrides; the index may repeat a point (driver append + end-of-sweep callback). An entry whose
     run_dir leaves the sweep dir is refused."""
     index_file = sweep_dir / runfiles.INDEX
-    if not index_file.is_file():
+    try:
+        text = safe_read.read_text(index_file, sweep_dir)
+    except FileNotFoundError:
+        return {}
+    except (OSError, safe_read.RefusedFile) as error:
+        problems.append(Problem(str(index_file), _describe(error)))
         return {}
     listed: dict[str, list[str]] = {}
     bad_lines, outside = [], []
-    for number, line in enumerate(index_file.read_text(errors="replace").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            entry = safe_read.parse_json(line, index_file)
             run_dir, overrides = entry["run_dir"], [str(o) for o in entry.get("overrides") or []]
             if not isinstance(run_dir, str):
                 raise TypeError
@@ -161,10 +178,16 @@ def run_dirs(sweep_dir: Path, listed: Mapping[str, list[str]], problems: list[Pr
     return list(dict.fromkeys([*listed, *on_disk]))
 
 
-def hydra_overrides(path: Path) -> list[str]:
-    """Overrides of a point missing from the index, from Hydra's own record when it is there."""
+def hydra_overrides(path: Path, problems: list[Problem] | None = None, root: Path | None = None) -> list[str]:
+    """Overrides of a point missing from the index, from Hydra's own record when it is there (a file safe_read
+    refuses is one Problem in `problems`)."""
+    overrides_file = path / runfiles.OVERRIDES
     try:
-        overrides = yaml.safe_load((path / runfiles.OVERRIDES).read_text())
+        overrides = safe_read.read_yaml(overrides_file, root if root is not None else path)
+    except safe_read.RefusedFile as error:
+        if problems is not None:
+            problems.append(Problem(error.file, error.message))
+        return []
     except (OSError, ValueError, yaml.YAMLError):
         return []
     return [str(override) for override in overrides] if isinstance(overrides, list) else []
@@ -184,9 +207,12 @@ def _describe(error: Exception) -> str:
     return str(error.args[1])
 
 
-def read_config(config_file: Path) -> Mapping[str, Any]:
+def read_config(config_file: Path, root: Path | None = None) -> Mapping[str, Any]:
+    """config.yaml, opened as safe_read allows inside `root` (default: its run dir); MalformedFile naming it."""
     try:
-        config = yaml.safe_load(config_file.read_text())
+        config = safe_read.read_yaml(config_file, root)
+    except safe_read.RefusedFile as error:
+        raise MalformedFile(error.file, error.message) from None
     except (ValueError, yaml.YAMLError) as error:
         raise MalformedFile(str(config_file), f"not valid YAML ({type(error).__name__})") from error
     if not isinstance(config, Mapping) or not isinstance(lookup(config, "arm.name", None), str) \
@@ -195,9 +221,11 @@ def read_config(config_file: Path) -> Mapping[str, Any]:
     return config
 
 
-def read_summary(summary_file: Path) -> Mapping[str, Any]:
+def read_summary(summary_file: Path, root: Path | None = None) -> Mapping[str, Any]:
     try:
-        summary = json.loads(summary_file.read_text())
+        summary = safe_read.read_json(summary_file, root)
+    except safe_read.RefusedFile as error:
+        raise MalformedFile(error.file, error.message) from None
     except ValueError as error:
         raise MalformedFile(str(summary_file), "not valid JSON") from error
     if not isinstance(summary, Mapping) or summary.get("status") not in STATUSES:
@@ -228,13 +256,16 @@ def _numbers_only(block: Mapping[str, Any]) -> bool:
                for value in block.values())
 
 
-def read_env(env_file: Path, problems: list[Problem]) -> Mapping[str, Any] | None:
+def read_env(env_file: Path, problems: list[Problem], root: Path | None = None) -> Mapping[str, Any] | None:
     try:
-        env = json.loads(env_file.read_text())
+        env = safe_read.read_json(env_file, root)
         if not isinstance(env, Mapping):
             raise ValueError
     except FileNotFoundError:
         problems.append(Problem(str(env_file), "missing; env columns left empty"))
+        return None
+    except safe_read.RefusedFile as error:
+        problems.append(Problem(error.file, f"{error.message}; env columns left empty"))
         return None
     except (OSError, ValueError):
         problems.append(Problem(str(env_file), "not a JSON object; env columns left empty"))
@@ -242,13 +273,16 @@ def read_env(env_file: Path, problems: list[Problem]) -> Mapping[str, Any] | Non
     return env
 
 
-def read_plan(plan_file: Path, problems: list[Problem]) -> PlanFacts | None:
+def read_plan(plan_file: Path, problems: list[Problem], root: Path | None = None) -> PlanFacts | None:
     """The rule and budget of plan.json (one plan, or plans keyed by phase number: the last phase's); None without
     the file (an arm that does not plan, a point that failed before planning) or, with one line naming it, when it
     is not a plan: a rule outside PLAN_RULES, a budget that is no whole number of bytes."""
     try:
-        plan = json.loads(plan_file.read_text())
+        plan = safe_read.read_json(plan_file, root)
     except FileNotFoundError:
+        return None
+    except safe_read.RefusedFile as error:
+        problems.append(Problem(error.file, f"{error.message}; plan columns left empty"))
         return None
     except (OSError, ValueError):
         problems.append(Problem(str(plan_file), "not JSON; plan columns left empty"))
@@ -276,11 +310,15 @@ def is_step_row(record: Any) -> bool:
     return all(_is_number_or_null(value) for value in record.values())
 
 
-def read_steps(steps_file: Path, steps_completed: Any, problems: list[Problem]) -> list[dict]:
-    """The rows of steps.jsonl; a line that is no step row (torn, not JSON, wrong types) is skipped, and the file
-    named once."""
+def read_steps(steps_file: Path, steps_completed: Any, problems: list[Problem],
+               root: Path | None = None) -> list[dict]:
+    """The rows of steps.jsonl; a line that is no step row (torn, not JSON, wrong types, nested too deep) is
+    skipped, and the file named once."""
     try:
-        lines = steps_file.read_text(errors="replace").splitlines()
+        lines = safe_read.read_text(steps_file, root).splitlines()
+    except safe_read.RefusedFile as error:
+        problems.append(Problem(error.file, f"{error.message}; no per-step series for this point"))
+        return []
     except FileNotFoundError:
         if steps_completed:
             problems.append(Problem(str(steps_file), "missing; no per-step series for this point"))
@@ -293,8 +331,8 @@ def read_steps(steps_file: Path, steps_completed: Any, problems: list[Problem]) 
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = safe_read.parse_json(line, steps_file)
+        except ValueError:  # safe_read.RefusedFile too
             record = None
         if is_step_row(record):
             records.append(record)

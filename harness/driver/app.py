@@ -5,13 +5,15 @@ check the command line -> resolve and validate -> run dir (config.yaml, env.json
 config is `config_error`, a failure of the driver itself `error`); a bad config exits 2 with one line naming the
 key. Ctrl-C (or SIGHUP) stops the point's ranks, records it `interrupted` with the steps done, writes the sweep's
 index and exits 130; a second Ctrl-C kills the ranks at once. Outside SLURM a SIGTERM does the same, the point
-recorded `preempted`, and exits 143. Exit codes: harness/contract/exits.py.
+recorded `preempted`, and exits 143. So do they when no ranks run: before a point's launch, between points, during
+the W&B mirror (harness/driver/signals.py). Exit codes: harness/contract/exits.py.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -29,9 +31,9 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness import arms  # noqa: E402
 from harness.config import compose  # noqa: E402
-from harness.driver import console, estimate, launch, progress  # noqa: E402
+from harness.driver import console, estimate, launch, progress, signals  # noqa: E402
 from harness.rank import emulated_device, machine  # noqa: E402
-from harness.contract import exits, logs, protocol, runfiles  # noqa: E402
+from harness.contract import exits, logs, protocol, runfiles, safe_read  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
 from harness.contract.checks import is_usable_number, lookup  # noqa: E402
 from harness.contract.envinfo import collect_env  # noqa: E402
@@ -130,7 +132,10 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
         worker_env[arms.ADMITTED_ENV] = admitted
     launcher, steps = config["launcher"], config["train"]["steps"]
     multinode, log_name = launcher["nnodes"] > 1, runfiles.node_log(place.node_rank)
-    stall = progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None
+    stall = progress.first_of(
+        progress.StartupWatch(run_dir, launcher["startup_timeout_s"], log_name)
+        if launcher.get("startup_timeout_s") else None,
+        progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None)
     peers = stops.peer_failure_watch(run_dir, place) if multinode else None
     end_time = stops.job_end_time(place)
     result = launch.run_workers(
@@ -140,12 +145,25 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
     rows = read_jsonl(run_dir / runfiles.STEPS)
     status, reason = launch.classify(result, run_dir, len(rows), steps)
     facts_path = run_dir / runfiles.WORKER
-    facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
+    facts = read_worker_facts(facts_path)
     if facts and place.primary:  # the ranks know the world they ran in
         env.update(world_size=facts["world_size"], hostnames=facts["hostnames"])
         write_json(run_dir / runfiles.ENV, env)
     oom = launch.oom_facts(run_dir) if status == "oom" else None
     return build_summary(config, status, reason, rows, result.wall_time_s, facts, oom)
+
+
+def read_worker_facts(facts_path: Path) -> dict:
+    """worker.json, what the ranks saw; {} where they wrote none, and, with one warning line, where it is no object
+    safe_read reads (a run dir's files are read by its rules, the driver's own included)."""
+    try:
+        facts = safe_read.read_json(facts_path, facts_path.parent)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:  # safe_read.RefusedFile too
+        logger.warning(f"warning: {facts_path}: not read ({traceback_last_line(error)})")
+        return {}
+    return facts if isinstance(facts, dict) else {}
 
 
 def drive(cfg: DictConfig) -> str:
@@ -159,20 +177,32 @@ def drive(cfg: DictConfig) -> str:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     place = nodes.this_node(nnodes=OmegaConf.select(cfg, "launcher.nnodes", throw_on_resolution_failure=False))
+    signals.install()  # also where a cluster job runs this point without main()
     try:
-        status = record_point(cfg, run_dir, place)
+        with signals.interruptible():
+            status = record_point(cfg, run_dir, place)
     except stops.Terminated:  # SIGTERM outside SLURM while the driver itself ran (run_workers handles it there)
         status = record_failure(cfg, run_dir, place, "preempted", "SIGTERM in the driver")
-    except KeyboardInterrupt:  # Ctrl-C outside the ranks' run (run_workers handles it there)
-        status = record_failure(cfg, run_dir, place, "interrupted", "SIGINT in the driver")
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGHUP outside the ranks' run (run_workers handles them there)
+        status = record_failure(cfg, run_dir, place, "interrupted", f"{_signal_name(stop)} in the driver")
     except Exception as error:
-        traceback.print_exc()
-        status = record_failure(cfg, run_dir, place, "error", traceback_last_line(error))
+        stopped = signals.received()  # a signal may surface as another error, raised while handling it
+        if stopped is not None:
+            status = record_failure(cfg, run_dir, place, signals.status_of(stopped),
+                                    f"{signal.Signals(stopped).name} in the driver")
+        else:
+            traceback.print_exc()
+            status = record_failure(cfg, run_dir, place, "error", traceback_last_line(error))
     if stops.ends_the_sweep(status, place):
         stop_the_sweep(run_dir, multirun, status)
     if not multirun and exits.point_exit_code(status) != exits.OK:
         sys.exit(exits.point_exit_code(status))
     return status
+
+
+def _signal_name(stop: KeyboardInterrupt) -> str:
+    """The signal a KeyboardInterrupt stands for: the one signals.py named, else Ctrl-C's."""
+    return str(stop.args[0]) if stop.args and str(stop.args[0]).startswith("SIG") else "SIGINT"
 
 
 def checked_config(config: dict, place: nodes.NodePlace) -> dict:
@@ -204,6 +234,8 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
             raise unresolved
         config = checked_config(known, place)
     except ConfigError as error:
+        if unresolved is None:  # a resolved value refused: it may have come from the environment
+            error = compose.hide_interpolated(error, cfg, known)
         console.error(f"config error: {error}")
         if place.primary:
             write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
@@ -306,31 +338,41 @@ def main() -> None:
     launching anything). A sweep's index is written however it ends, and its exit code says whether every point
     was recorded (harness/contract/exits.py)."""
     args = sys.argv[1:]
+    signals.install()
     try:
-        if estimate.requested(args):
-            check_group_choices(args, REPO_ROOT)
-            multirun = "-m" in args or "--multirun" in args
-            overrides = [a for a in args if a not in (estimate.ESTIMATE_ONLY, "-m", "--multirun")]
-            estimate.print_estimate(overrides, multirun)
-            return
-        check_command_line(args)
+        with signals.interruptible():
+            if estimate.requested(args):
+                check_group_choices(args, REPO_ROOT)
+                multirun = "-m" in args or "--multirun" in args
+                overrides = [a for a in args if a not in (estimate.ESTIMATE_ONLY, "-m", "--multirun")]
+                compose.check_syntax(overrides)
+                estimate.print_estimate(overrides, multirun)
+                return
+            check_command_line(args)
     except ConfigError as error:
         console.error(f"config error: {error}")
         sys.exit(CONFIG_ERROR_EXIT_CODE)
-    stops.end_on_sigterm()
+    except (KeyboardInterrupt, stops.Terminated) as stop:  # nothing started: nothing to record
+        end_stopped("preempted" if isinstance(stop, stops.Terminated) else "interrupted")
     try:
         hydra_app()
     except (KeyboardInterrupt, stops.Terminated) as stop:  # between points: no point is running
-        status = "preempted" if isinstance(stop, stops.Terminated) else "interrupted"
-        SweepIndexCallback.write_running_index()
-        console.error(status)
-        sys.exit(exits.stopped_exit_code(status))
+        end_stopped("preempted" if isinstance(stop, stops.Terminated) else "interrupted")
     finally:  # Hydra ended the sweep with an error of its own: the index still lists what was recorded
         if SweepIndexCallback.running_sweep_dir is not None and SweepIndexCallback.outcome is None:
             SweepIndexCallback.write_running_index()
+    if signals.received() is not None:  # a stop while Hydra's code ran, after the last point's start
+        end_stopped(signals.status_of(signals.received()))
     sweep_code = SweepIndexCallback.exit_code()
     if sweep_code:
         sys.exit(sweep_code)
+
+
+def end_stopped(status: str) -> None:
+    """A stop signal while no point ran: the sweep's index lists what was recorded, and the driver exits."""
+    SweepIndexCallback.write_running_index()
+    console.error(status)
+    sys.exit(exits.stopped_exit_code(status))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ status instead of taking the sweep down with it.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -23,7 +22,8 @@ import psutil
 
 from harness.cluster import stops
 from harness.cluster.nodes import NodePlace
-from harness.contract import runfiles
+from harness.contract import runfiles, safe_read
+from harness.driver import buildlocks
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
 _KILL_GRACE_S = 10
@@ -64,7 +64,9 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
     at the timeout, when `stall` reports that the ranks stopped making progress, on a stop signal (SLURM's
     preemption or time-limit warning; `name_stop` names the status), on Ctrl-C or SIGHUP (`interrupted`), or
     when `peer_failure` reports that another node of the point failed, recording which. A second signal while
-    stopping kills at once. No process of the point outlives this call, however it ends."""
+    stopping kills at once. No process of the point outlives this call, however it ends, and no build lock is left
+    that no build holds: one is cleared before the launch and after (harness/driver/buildlocks.py), so an op build
+    stopped mid-way never makes a later point wait forever."""
     stop: dict[str, str] = {}
     point: list[PointProcesses] = []  # filled once torchrun runs; a signal may come before
 
@@ -79,6 +81,7 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
 
     with runfiles.open_append(run_dir / log_name) as log:  # which command each node ran heads its log
         log.write(f"$ {shlex.join(cmd)}\n")
+    buildlocks.clear_stale_locks(env)
     previous = _install_handlers(tuple(dict.fromkeys((*stop_signals, *INTERRUPT_SIGNALS))), on_signal)
     start = time.monotonic()
     timed_out, failed_peer, stalled, pump = False, None, None, None
@@ -104,6 +107,7 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
     finally:
         for processes in point:
             processes.stop()  # our handlers stay in place meanwhile: a second Ctrl-C kills at once
+        buildlocks.clear_stale_locks(env)  # an op build the stop ended mid-way
         _restore_handlers(previous)
     if pump is not None:
         pump.join(timeout=5)
@@ -184,8 +188,8 @@ def rank_errors(run_dir: Path) -> list[dict]:
     errors = []
     for path in sorted(run_dir.glob(runfiles.RANK_ERRORS)):
         try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
+            errors.append(safe_read.read_json(path, run_dir))
+        except (OSError, ValueError):  # safe_read.RefusedFile too
             errors.append({"kind": "error", "message": f"unreadable {path.name}"})
     return errors
 

@@ -4,34 +4,36 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from pathlib import Path
 from typing import NoReturn
 
+from harness.contract.checks import LARGEST_MAGNITUDE, is_usable_number
 from harness.contract.errors import ConfigError
 from harness.contract.units import GB
 from harness.offload import out_of_sample
 from harness.offload.plan import (BUDGET_RULES, DEFAULT_BUDGET_RULE, RELEASE_POLICIES, RELOAD_POLICIES, Plan,
                                   device_limit_bytes, plan_offload)
-from harness.offload.profile import expect, load_profile, missing_readings
+from harness.offload.profile import byte_count, expect, load_profile, missing_readings
 
 
 class _OneLineParser(argparse.ArgumentParser):
     """Usage errors as one stderr line, exit 2, like ConfigErrors."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
+        cut = message if len(message) <= 200 else message[:197] + "..."  # argparse quotes a bad value whole
+        self.exit(2, f"{self.prog}: {cut}\n")
 
 
 def _gb_to_bytes(value: float, key: str) -> int:
-    expect(math.isfinite(value) and value >= 0, key, f"must be a finite number >= 0, got {value}")
+    expect(is_usable_number(value) and value >= 0, key,
+           f"must be a finite number >= 0 and at most {LARGEST_MAGNITUDE:g}, got {value:g}")
     return int(value * GB)
 
 
 def _budget_from_args(args: argparse.Namespace) -> int:
     if args.budget_bytes is not None:
-        return args.budget_bytes
+        return byte_count(args.budget_bytes, "offload.budget_bytes")
     return _gb_to_bytes(args.budget_gb, "offload.budget_gb")
 
 

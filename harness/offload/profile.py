@@ -26,12 +26,17 @@ No torch. Written by the DeepCompile pass (graph_pass.py) from DeepSpeed's profi
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.contract import safe_read
+from harness.contract.checks import shown
 from harness.contract.errors import ConfigError
+
+# No device holds a petabyte: a byte count past it is a malformed reading (and a plan's sums of it would overflow
+# the floats the planner reports in).
+MAX_BYTES = 10 ** 15
 
 
 @dataclass(frozen=True)
@@ -117,8 +122,9 @@ def expect(condition: bool, key: str, message: str) -> None:
 
 def byte_count(value: Any, key: str) -> int:
     # bool is an int subclass; a true/false byte count is a malformed file, not 1 or 0 bytes.
-    expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+    expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {shown(value)}")
     expect(value >= 0, key, f"must be >= 0, got {value}")
+    expect(value <= MAX_BYTES, key, f"must be at most {MAX_BYTES:.0e} bytes, got {shown(value)}")
     return value
 
 
@@ -133,14 +139,14 @@ def sequence(value: Any, key: str) -> list | tuple:
 
 
 def _graph_id(value: Any, key: str) -> int:
-    expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+    expect(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {shown(value)}")
     return value
 
 
 def _unique_label(value: Any, key: str, seen: set, what: str, where: str = "") -> str:
     """A non-empty string not seen before (added to `seen`)."""
-    expect(isinstance(value, str) and value != "", key, f"must be a non-empty string, got {value!r}")
-    expect(value not in seen, key, f"duplicate {what} {value!r}{where}")
+    expect(isinstance(value, str) and value != "", key, f"must be a non-empty string, got {shown(value)}")
+    expect(value not in seen, key, f"duplicate {what} {shown(value)}{where}")
     seen.add(value)
     return value
 
@@ -169,9 +175,9 @@ def _parse_graph_order(order: Any, graphs: dict[tuple[int, bool], int]) -> list[
     for index, entry in enumerate(sequence(order, "profile.graph_order")):
         key = f"profile.graph_order[{index}]"
         expect(isinstance(entry, (list, tuple)) and len(entry) == 2, key,
-                f"must be [graph_id, is_bwd], got {entry!r}")
+                f"must be [graph_id, is_bwd], got {shown(entry)}")
         graph = (_graph_id(entry[0], key), entry[1])
-        expect(isinstance(graph[1], bool), key, f"is_bwd must be true or false, got {entry[1]!r}")
+        expect(isinstance(graph[1], bool), key, f"is_bwd must be true or false, got {shown(entry[1])}")
         expect(graph in graphs, key, f"no graph with graph_id {graph[0]} and bwd {graph[1]} in profile.graphs")
         expect(graph not in parsed, key, f"graph {graph[0]} (bwd {graph[1]}) listed twice")
         expect(graph[1] or not any(bwd for _, bwd in parsed), key, "forward graph after a backward graph")
@@ -280,14 +286,20 @@ def calibrate(profile: Profile) -> Profile:
 
 
 def load_profile(path: str | Path) -> dict:
-    """Read and validate profile.json; a missing, unreadable or malformed file is one ConfigError."""
+    """Read and validate profile.json; a missing, unreadable or malformed file is one ConfigError. It is read as
+    harness.contract.safe_read reads a run file: a regular file (never a device or a FIFO), of a bounded size, UTF-8
+    JSON of a bounded depth; a number of thousands of digits is no JSON it takes."""
     try:
-        text = Path(path).read_text()
+        text = safe_read.read_text(path, root="/")  # a profile named on the command line may be anywhere
     except OSError as error:
         raise ConfigError("profile", f"cannot read {path}: {error.strerror or error}") from None
+    except safe_read.RefusedFile as error:
+        raise ConfigError("profile", f"{path}: {error.message}") from None
     try:
-        profile = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError("profile", f"{path} is not valid JSON: {error}") from None
+        profile = safe_read.parse_json(text, path)
+    except safe_read.RefusedFile as error:
+        raise ConfigError("profile", f"{path}: {error.message}") from None
+    except ValueError as error:
+        raise ConfigError("profile", f"{path} is not valid JSON: {str(error)[:200]}") from None
     parse_profile(profile)
     return profile

@@ -138,6 +138,11 @@ class LauncherConfig(Group):
     nnodes: Annotated[int, POSITIVE_INT, COLUMN]
     timeout_s: Annotated[float, POSITIVE]
     stall_timeout_s: Annotated[Optional[float], POSITIVE]
+    # No step within this long of the launch ends the point as `timeout` (null: off). Start-up, the model's build,
+    # DeepSpeed's JIT op builds and the first step's compile all count: 900 s clears a cold GPU point (about 25 s of
+    # start-up, 60-100 s of first compile) with minutes to spare for op builds on a fresh machine, and still ends
+    # a point stuck before step 0 (on a build lock nobody releases, say) long before timeout_s.
+    startup_timeout_s: Annotated[Optional[float], POSITIVE]
     rdzv_backend: Optional[Literal["c10d", "static"]]  # null: torchrun --standalone
     rdzv_endpoint: Optional[str]
     rdzv_port: Annotated[Optional[int], Number(low=1, high=65535, integer=True), SOMETIMES]
