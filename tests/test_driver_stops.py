@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from conftest import REPO_ROOT, driver_env, harness_cmd
 from harness.contract.errors import ConfigError
 from harness.contract.runfiles import read_jsonl
-from harness.driver import compose, signals
+from harness.config import compose
+from harness.driver import signals
 
 FAST = ["model=tiny"]  # every point here is refused before launch (train.steps=0): no rank starts
 SECRET = "hunter2-not-for-logs"
