@@ -67,10 +67,10 @@ def register_passes(engine, offload_pass: OffloadPass) -> None:
 def _timed(offload_pass: OffloadPass, run: Callable) -> Callable:
     """The pass, its seconds added to offload_pass.pass_seconds (the worker's wall split reads them)."""
     @functools.wraps(run)
-    def timed(*args):
+    def timed(*args, **kwargs):
         start = time.perf_counter()
         try:
-            return run(*args)
+            return run(*args, **kwargs)
         finally:
             offload_pass.pass_seconds += time.perf_counter() - start
 
