@@ -275,7 +275,7 @@ def install(cache: ProfileCache | None, current_phase: Callable[[], int | None])
 def _wrapped(run: Callable, kind: str, cache: ProfileCache | None, current_phase: Callable[[], int | None],
              seconds: dict[int, float]) -> Callable:
     @functools.wraps(run)
-    def profiled_run(interpreter, *args):
+    def profiled_run(interpreter, *args, **kwargs):
         phase = current_phase() or 0
         path = entry = None
         if cache is not None:
@@ -287,7 +287,7 @@ def _wrapped(run: Callable, kind: str, cache: ProfileCache | None, current_phase
                 return None  # DeepCompile discards what a profiling run returns
             cache.lookups[phase]["miss"] += 1
         start = time.perf_counter()
-        result = run(interpreter, *args)
+        result = run(interpreter, *args, **kwargs)
         seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - start
         if cache is not None:
             captured = _capture(interpreter, kind)
