@@ -13,6 +13,7 @@ from harness.arms import known_class
 from harness.contract import schema
 from harness.contract.checks import lookup
 from harness.contract.arm_targets import TARGET
+from harness.contract.retry_trace import RETRY_READINGS, RetryTrace
 
 # Config keys the analysis names by a short column: the arm's name, then every key the schema marks as a column
 # (harness/contract/schema/groups.py); other top-level arm knobs become arm_<knob>, and any other overridden key
@@ -33,9 +34,13 @@ OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
 # Columns saying where a point came from or what it measured, never how it was configured.
 PLAN_COLUMNS = ("plan_rule", "plan_budget_bytes")  # plan.json's (harness.reader.PlanFacts)
 OVER_BUDGET = "over_budget_bytes"  # summary.json's, or worked out for a summary from before it (contract.budget)
+# memory_trace.json's retries of the traced step (harness/contract/retry_trace.py): in all, listed, per reading
+TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS = "traced_retries", "traced_retries_listed", "traced_largest_miss_bytes"
+TRACED_READING_COLUMNS = {reading: f"traced_{reading}" for reading in RETRY_READINGS}
+TRACE_COLUMNS = (TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS, *TRACED_READING_COLUMNS.values())
 RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", OVER_BUDGET,
                             *SUMMARY_SCALARS,
-                            *PLAN_COLUMNS, *SPLIT_COLUMNS,
+                            *PLAN_COLUMNS, *SPLIT_COLUMNS, *TRACE_COLUMNS,
                             *OOM_COLUMNS, "steady_reasons", "machine_flags"))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout, how many
@@ -48,6 +53,12 @@ OFFLOAD_GROUP = "offload."
 # An offload key the point's arm reads but its other values left without effect (our pass's auto_rule beside a
 # given budget): not null, which is a value the key can take; labels leave it out.
 IDLE = "-"
+
+
+def retry_trace_row(trace: RetryTrace) -> dict[str, Any]:
+    """A traced point's retry columns."""
+    return {TRACED_RETRIES: trace.retries, TRACED_LISTED: trace.listed, TRACED_LARGEST_MISS: trace.largest_miss_bytes,
+            **{column: trace.readings[reading] for reading, column in TRACED_READING_COLUMNS.items()}}
 
 
 def is_config_column(column: str) -> bool:

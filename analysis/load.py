@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.columns import OVER_BUDGET, cell_value, config_row, recorded_auto_rule, summary_row
+from analysis.columns import OVER_BUDGET, cell_value, config_row, recorded_auto_rule, retry_trace_row, summary_row
 from harness.arms import known_class
 from harness.contract.budget import recorded_over_budget_bytes
 from harness.contract.reader import Problem, RunFiles, SweepFiles, read_sweep
@@ -92,6 +92,8 @@ def _point_row(sweep_dir: Path, point: RunFiles, override_keys: list[str]) -> di
     row.update({f"env_{key}": cell_value(value) for key, value in (point.env or {}).items()})
     row["budget_resolved_gb"] = resolved_budget_gb(row)
     row[OVER_BUDGET] = recorded_over_budget_bytes(point.summary, point.steps)
+    if point.retry_trace is not None:  # only traced points get these columns: other sweeps' frames stay as they were
+        row.update(retry_trace_row(point.retry_trace))
     return row
 
 

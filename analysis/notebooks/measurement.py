@@ -27,6 +27,7 @@ out_dir = "report"
 # %%
 from analysis import comparison_figures
 from analysis.measurement import comparison_table, measurement_table, retry_table
+from analysis.retry_causes import has_retry_traces, retry_cause_table
 from analysis.wall_time import wall_time_table
 from analysis.notebook import open_report
 
@@ -49,6 +50,8 @@ report.table(measurement_table(report.points, report.steps))
 
 # %%
 report.table(retry_table(report.points, report.steps))
+if has_retry_traces(report.points):  # a traced step (debug.memory_trace_step): why each retry missed
+    report.table(retry_cause_table(report.points))
 
 # %%
 comparisons = comparison_table(report.points, report.steps)

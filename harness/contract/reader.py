@@ -23,6 +23,7 @@ from harness.contract import arm_targets, runfiles, safe_read
 from harness.contract.checks import is_finite_number, lookup
 from harness.contract.config_types import ArmClassOf, wrong_types
 from harness.contract.errors import ConfigError
+from harness.contract.retry_trace import RetryTrace, read_retry_trace
 from harness.contract.statuses import STATUSES
 
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
@@ -60,6 +61,7 @@ class RunFiles:
     env: Mapping[str, Any] | None
     steps: list[dict]
     plan: PlanFacts | None = None  # our pass's plan.json, where the point planned
+    retry_trace: RetryTrace | None = None  # memory_trace.json's retries, where a step was traced
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,20 @@ def read_point(sweep_dir: Path, run_dir: str, overrides: list[str], problems: li
     env = read_env(path / runfiles.ENV, problems, root=sweep_dir)
     steps = read_steps(path / runfiles.STEPS, summary.get("steps_completed"), problems, root=sweep_dir)
     plan = read_plan(path / runfiles.PLAN, problems, root=sweep_dir)
-    return RunFiles(run_dir, overrides, config, summary, env, steps, plan)
+    return RunFiles(run_dir, overrides, config, summary, env, steps, plan,
+                    read_retries(path / runfiles.MEMORY_TRACE, problems, root=sweep_dir))
+
+
+def read_retries(trace_file: Path, problems: list[Problem], root: Path | None = None) -> RetryTrace | None:
+    """The traced step's retries (harness/contract/retry_trace.py); None without the file or, with one line naming
+    it, for a file that is not a memory trace."""
+    try:
+        return read_retry_trace(trace_file, root)
+    except safe_read.RefusedFile as error:
+        problems.append(Problem(error.file, f"{error.message}; retry causes left empty"))
+    except (OSError, ValueError) as error:  # not JSON, or NotARetryTrace
+        problems.append(Problem(str(trace_file), f"{error}; retry causes left empty"))
+    return None
 
 
 # --- where the points are --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from harness.contract import runfiles
+from harness.contract.retry_trace import RETRY_READINGS
 
 MAX_ENTRIES = 500_000           # allocator actions kept; beyond it torch drops the oldest
 GROWTH_ACTIONS = ("segment_alloc", "segment_map")     # new device memory (cudaMalloc, or expandable mapping)
@@ -247,13 +248,14 @@ def retry_reading(missed: dict, before: dict) -> str:
     """One word for why the request missed (see allocator_retries)."""
     size, rows = missed["bytes"], before["streams"]
     own_cache = sum(row["cached_free_bytes"] for row in rows if row["stream"] == missed["stream"])
+    deferred, fragmentation, other_stream, headroom = RETRY_READINGS
     if before["total"]["deferred_bytes"] >= size:
-        return "deferred"
+        return deferred
     if own_cache >= size:
-        return "fragmentation"
+        return fragmentation
     if before["total"]["cached_free_bytes"] >= size:
-        return "other_stream"
-    return "headroom"
+        return other_stream
+    return headroom
 
 
 def allocator_retries(trace: list[dict], segments: list[dict], top: int = TOP_RETRIES,
