@@ -217,9 +217,8 @@ def test_slurm_launcher_composes_without_and_with_a_site_config(conf_copy):
 
 
 def readme_job_example() -> tuple[list[str], str]:
-    """The README's `python -m harness.cluster ...` command and the output shown under it."""
-    text = (REPO_ROOT / "README.md").read_text()
-    section = text[text.index("## Cluster (SLURM)"):]
+    """harness/cluster/README.md's `python -m harness.cluster ...` command and the output shown under it."""
+    section = (REPO_ROOT / "harness" / "cluster" / "README.md").read_text()
     command = re.search(r"^python -m harness\.cluster (.+)$", section, re.M).group(1)
     shown = re.search(r"```text\n(# sbatch script.*?)```", section, re.S).group(1)
     return shlex.split(command), shown
