@@ -206,12 +206,14 @@ def _signal_name(stop: KeyboardInterrupt) -> str:
 
 
 def checked_config(config: dict, place: nodes.NodePlace) -> dict:
-    """The point's resolved config checked as the driver launches it; ConfigError naming the key at fault."""
+    """The point's resolved config checked as the driver launches it, with its step counts settled: train.steps the
+    total, train.measure_steps the final phase's measured count (harness/contract/protocol.py); ConfigError naming
+    the key at fault."""
     arms.admit(config.get("arm"))  # the arm this command line names; readers of the run dir never import it
     validate(config, _gpu_count())
     check_emulated_size(config["env"], _device_total_bytes())
     nodes.check_allocation(config["launcher"], place)
-    return config
+    return protocol.with_step_counts(config, arms.from_config(config["arm"]).phase_start_steps(config))
 
 
 def resolved_or_written(cfg: DictConfig) -> tuple[dict, ConfigError | None]:
@@ -228,24 +230,21 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     known, unresolved = resolved_or_written(cfg)
     if place.primary:
         start_attempt(run_dir, cfg)
-        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(known))
+    config, error = None, unresolved
     try:
-        if unresolved is not None:
-            raise unresolved
-        config = checked_config(known, place)
-    except ConfigError as error:
-        if unresolved is None:  # a resolved value refused: it may have come from the environment
-            error = compose.hide_interpolated(error, cfg, known)
+        if error is None:
+            config = checked_config(known, place)
+    except ConfigError as refused:  # a resolved value refused: it may have come from the environment
+        error = compose.hide_interpolated(refused, cfg, known)
+    finally:  # config.yaml, once: the point as it runs, or as written where it was refused or its check failed
+        if place.primary:
+            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config if config is not None else known))
+    if error is not None:
         console.error(f"config error: {error}")
         if place.primary:
             write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
         return "config_error"
     logs.setup(config["launcher"]["log_level"])
-    # The point as it runs, over the config as written: train.steps the total, train.measure_steps the final
-    # phase's measured count (harness/contract/protocol.py).
-    config = protocol.with_step_counts(config, arms.from_config(config["arm"]).phase_start_steps(config))
-    if place.primary:
-        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
 
     summary = run_point(config, run_dir, place)
     if not place.primary:
