@@ -161,12 +161,11 @@ def test_a_reserved_cap_is_a_positive_number_of_gb():
 
 
 def test_reduce_bucket_size_reaches_the_zero_config_only_when_set():
-    default = OmegaConf.to_container(compose_config([]), resolve=True)
-    ds_config = arms.from_config(default["arm"]).deepspeed_config
+    default = validate(OmegaConf.to_container(compose_config([]), resolve=True), gpu_count=0)
+    ds_config = default.arm.deepspeed_config
     assert "reduce_bucket_size" not in ds_config(default, cuda=False)["zero_optimization"]
     cfg = OmegaConf.to_container(compose_config(["train.reduce_bucket_size=5e7"]), resolve=True)
-    validate(cfg, gpu_count=0)
-    assert ds_config(cfg, cuda=False)["zero_optimization"]["reduce_bucket_size"] == 50_000_000
+    assert ds_config(validate(cfg, gpu_count=0), cuda=False)["zero_optimization"]["reduce_bucket_size"] == 50_000_000
 
 
 def test_more_ranks_than_gpus_is_refused():

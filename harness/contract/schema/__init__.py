@@ -18,18 +18,15 @@ from typing import Any, Callable, Mapping, Sequence
 from harness.contract import protocol
 from harness.contract.errors import ConfigError
 
+from harness.contract.schema.config import GROUPS, Config, typed
 from harness.contract.schema.fields import columns, check_fields, choices, refuse_unknown_keys, rules
 from harness.contract.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
                                    ModelConfig, OffloadConfig, SweepConfig, TrainConfig, budget_given)
 
-__all__ = ["GROUPS", "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",
+__all__ = ["GROUPS", "Config", "typed", "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",
            "LauncherConfig", "LoggerConfig", "SweepConfig", "check_group", "check_values", "check_rules",
            "budget_given", "choices", "config_columns", "pass_knobs"]
 
-GROUPS: dict[str, type[Group]] = {
-    "model": ModelConfig, "train": TrainConfig, "offload": OffloadConfig, "launcher": LauncherConfig,
-    "logger": LoggerConfig, "env": EnvConfig, "debug": DebugConfig, "sweep": SweepConfig,
-}
 
 
 def config_columns() -> dict[str, str]:
