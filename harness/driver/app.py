@@ -213,7 +213,8 @@ def checked_config(resolved: dict, place: nodes.NodePlace) -> schema.Config:
     config = validate(resolved, _gpu_count())
     check_emulated_size(config.env.device_memory_gb, config.env.reserved_cap_gb, _device_total_bytes())
     nodes.check_allocation(resolved["launcher"], place)
-    return schema.typed(protocol.with_step_counts(resolved, config.arm.phase_start_steps(config)), config.arm)
+    counts = protocol.step_counts(config.train, config.arm.phase_start_steps(config))
+    return schema.typed(protocol.with_step_counts(resolved, counts), config.arm)
 
 
 def resolved_or_written(cfg: DictConfig) -> tuple[dict, ConfigError | None]:

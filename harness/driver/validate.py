@@ -28,7 +28,7 @@ def validate(cfg: dict[str, Any], gpu_count: int | None) -> schema.Config:
     machine is not the one that will run the point, as for the dry-run estimate)."""
     schema.check_values(cfg, arms.check_knobs)
     config = schema.typed(cfg, arms.from_config(cfg["arm"]))
-    schema.check_rules(cfg, config.arm.phase_start_steps(config))
+    schema.check_rules(config)
     check_machine(config, gpu_count)
     config.arm.check(config)
     return config

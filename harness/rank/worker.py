@@ -217,7 +217,7 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
 
     generator = torch.Generator().manual_seed(train.seed * 1000 + rank)
     counters = ArmCounters(arm.offload_counter_reader())
-    counts = protocol.step_counts(config.written["train"], starts)
+    counts = protocol.step_counts(train, starts)
     watch = MachineWatch(device, counts)
     tokens = train.micro_batch * train.seq_len * train.grad_accum * world
     vocab = config.model.config.vocab_size

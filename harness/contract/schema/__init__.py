@@ -13,7 +13,7 @@ the harness records that point as `config_error` and goes on. So the dataclasses
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from harness.contract import protocol
 from harness.contract.errors import ConfigError
@@ -48,12 +48,14 @@ def check_values(cfg: Mapping[str, Any], check_arm: Callable[[Mapping[str, Any]]
         check_fields(name, group, cfg.get(name))
 
 
-def check_rules(cfg: Mapping[str, Any], phase_starts: Sequence[int]) -> None:
-    """The rules that tie keys together, once every value alone has passed (the arm's own: arms.Arm.check);
-    `phase_starts`, the steps where the arm's phases begin (Arm.phase_start_steps), settle the point's step count."""
+def check_rules(config: Config) -> None:
+    """The rules that tie keys together, once every value alone has passed (the arm's own: arms.Arm.check); the
+    steps where the arm's phases begin (Arm.phase_start_steps) settle the point's step count. The groups' rules
+    read the dict as written: they also check a group alone (check_group), as the planner's CLI hands it."""
     for group in GROUPS.values():
-        group.check(cfg)
-    DebugConfig.check_steps(cfg, protocol.step_counts(cfg["train"], phase_starts).total)
+        group.check(config.written)
+    steps = protocol.step_counts(config.train, config.arm.phase_start_steps(config)).total
+    DebugConfig.check_steps(config.written, steps)
 
 
 def check_group(name: str, cfg: Mapping[str, Any], part: type[Group] | None = None) -> None:
