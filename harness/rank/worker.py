@@ -195,7 +195,7 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     cache = None
     if isinstance(arm, arms.CompiledArm):  # DeepCompile profiles: timed, and reused across a sweep's points
-        cache = profile_cache.open_for(config.written, run_dir, rank, gpu_name(device))
+        cache = profile_cache.open_for(config, run_dir, rank, gpu_name(device))
         split.profiling_seconds = profile_cache.install(cache, lambda: position.phase)
     split.pass_seconds = arm.pass_seconds
     starts = arm.compile(config, engine, budget, str(run_dir))
