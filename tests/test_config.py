@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 from conftest import BAD_VALUES
 from harness import arms
 from harness.contract.errors import ConfigError
+from harness.contract.schema.config import group_of
+from harness.contract.schema.groups import ModelShape
 from harness.rank.models import count_parameters, flops_per_token
 from harness.driver.validate import check_group_choices, validate
 
@@ -111,7 +113,7 @@ def test_flops_per_token_counts_matmuls_and_attention():
     cfg = preset["config"]
     untied_embedding = cfg["vocab_size"] * cfg["hidden_size"]
     attention = 12 * cfg["num_hidden_layers"] * 1024 * cfg["num_attention_heads"] * cfg["head_dim"]
-    assert flops_per_token(preset, n, 1024) == 6 * (n - untied_embedding) + attention
+    assert flops_per_token(group_of(ModelShape, cfg), n, 1024) == 6 * (n - untied_embedding) + attention
 
 
 def test_unknown_group_option_is_one_line_naming_the_group():

@@ -174,7 +174,7 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     split.mark("process_group_s")
     rank, world = dist.get_rank(), dist.get_world_size()
     logs.setup(config.launcher.log_level, rank)
-    train, model_cfg = config.train, config.written["model"]  # the model's builder reads the section as written
+    train = config.train
     # Before anything is allocated: the whole run sees the emulated device, phase 0 included.
     monitor = MemoryMonitor(device, emulated_device.apply(config.env, device, physical_total_bytes(device)))
     outside = monitor.used_outside_torch_bytes()
@@ -186,7 +186,8 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     budget = resolve_budget(config.offload, monitor, device) if arm.offloads_opt_states else None
 
     ds_config = arm.deepspeed_config(config, cuda)
-    make_model = models.model_factory(model_cfg)
+    # transformers builds from the model section as written: a key it leaves out stays transformers' default.
+    make_model = models.model_factory(config.written["model"])
     torch.manual_seed(train.seed)
     with deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = make_model()
@@ -202,7 +203,7 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     split.mark("engine_s")
 
     host = HostMemoryMonitor(monitor.cuda)
-    flops_per_token = models.flops_per_token(model_cfg, n_params, train.seq_len)
+    flops_per_token = models.flops_per_token(config.model.config, n_params, train.seq_len)
     facts = {"world_size": world, "hostnames": sorted(set(gather_from_ranks(socket.gethostname()))),
              "budget_bytes": budget, "device_total_bytes": monitor.device_total_bytes(),
              "physical_device_total_bytes": physical_total_bytes(device),

@@ -2,9 +2,9 @@
 
 One dataclass per group (groups.py); the arm group's is the arm's own class (harness/arms/: its fields are its
 knobs), so each arm's knobs are checked by the arm that has them: the validation hands the schema that check
-(`check_values`) and the arm's phase starts (`check_rules`), and the schema never imports an arm. The validation,
-the offload pass and its runtime, the planner CLI and `harness bench` read allowed values from here (`choices`),
-never from a copy.
+(`check_values`) and the typed config with its arm (`typed`, then `check_rules`), and the schema never imports an
+arm. The validation, the offload pass and its runtime, the planner CLI and `harness bench` read allowed values from
+here (`choices`), never from a copy.
 
 Not registered with Hydra's ConfigStore, on purpose. The installed OmegaConf refuses `typing.Literal` field types,
 and a schema in the composed config would make Hydra refuse a bad value while composing, before this validation:
