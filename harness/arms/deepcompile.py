@@ -15,7 +15,8 @@ DEEPCOMPILE_WARMUP = 5
 
 @dataclass(frozen=True)
 class DeepCompile(CompiledArm):
-    # default: gather/release, then prefetch + selective gather from DeepCompile's warm-up; z3_only: gather/release
+    # default: gather/release, then prefetch + selective gather from DeepCompile's warm-up (step 5); z3_only:
+    # gather/release only
     schedule: Literal["default", "z3_only"]
 
     bench_role: ClassVar[str] = BenchRole.REFERENCE

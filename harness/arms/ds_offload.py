@@ -19,7 +19,8 @@ from harness.contract.units import GB
 
 @dataclass(frozen=True)
 class DsOffload(OffloadPassArm):
-    variant: Literal["async", "sync"]  # async: planned against the budget; sync: all out, all back, blocking
+    # async: planned against the budget; sync (offload_adam_states_sync): all out, all back, blocking
+    variant: Literal["async", "sync"]
 
     bench_role: ClassVar[str] = BenchRole.PEER
     display: ClassVar[Display] = Display("DeepSpeed offload", "#009E73", "^", table_order=2, capacity_order=3)
