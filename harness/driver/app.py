@@ -125,7 +125,8 @@ def run_point(config: schema.Config, run_dir: Path, place: nodes.NodePlace) -> d
     arm = config.arm
     gpus = _gpu_count()
     if arm.needs_cuda and not gpus:
-        return build_summary(config.written, "skipped", f"arm {arm.name} needs CUDA; this machine has no GPU", [], 0.0, {})
+        reason = f"arm {arm.name} needs CUDA; this machine has no GPU"
+        return build_summary(config.written, "skipped", reason, [], 0.0, {})
 
     cmd, worker_env = nodes.node_command(config.written, run_dir, place)
     admitted = arms.handed_to_ranks(config.written["arm"])  # the class path (_target_), which only the dict has
@@ -239,7 +240,8 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
         error = compose.hide_interpolated(refused, cfg, known)
     finally:  # config.yaml, once: the point as it runs, or as written where it was refused or its check failed
         if place.primary:
-            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config.written if config is not None else known))
+            written = config.written if config is not None else known
+            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(written))
     if error is not None:
         console.error(f"config error: {error}")
         if place.primary:

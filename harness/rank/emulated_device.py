@@ -55,7 +55,8 @@ def apply(env: EnvConfig, device, physical_bytes: int | None) -> int | None:
     size = size_bytes(env.device_memory_gb)
     if size is None:
         return None
-    check_emulated_size(env.device_memory_gb, env.reserved_cap_gb, physical_bytes)  # the real device: only the rank sees it
+    # Against the real device, which only the rank sees.
+    check_emulated_size(env.device_memory_gb, env.reserved_cap_gb, physical_bytes)
     patch_accelerator(size)
     if device.type == "cuda":
         set_allocator_ceiling(size, physical_bytes, device)

@@ -312,7 +312,8 @@ def oom_details(error: BaseException, position: Position, env: EnvConfig) -> dic
                "reserved_bytes": None, "allocated_bytes": None, "free_bytes": None}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         device = torch.cuda.current_device()
-        limit = emulated_device.size_bytes(env.device_memory_gb) or torch.cuda.get_device_properties(device).total_memory
+        emulated = emulated_device.size_bytes(env.device_memory_gb)
+        limit = emulated or torch.cuda.get_device_properties(device).total_memory
         reserved = torch.cuda.memory_reserved(device)
         details.update(limit_bytes=limit, reserved_bytes=reserved, allocated_bytes=torch.cuda.memory_allocated(device),
                        free_bytes=max(0, limit - reserved))

@@ -23,7 +23,8 @@ from harness.contract.schema.fields import columns, check_fields, choices, refus
 from harness.contract.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
                                    ModelConfig, OffloadConfig, SweepConfig, TrainConfig, budget_given)
 
-__all__ = ["GROUPS", "Config", "typed", "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",
+__all__ = ["GROUPS", "Config", "typed",
+           "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",
            "LauncherConfig", "LoggerConfig", "SweepConfig", "check_group", "check_values", "check_rules",
            "budget_given", "choices", "config_columns", "pass_knobs"]
 
