@@ -120,8 +120,9 @@ def test_an_arm_missing_a_knob_is_refused_naming_it():
 @pytest.mark.parametrize("name", sorted(ARM_NAMES))
 def test_each_arm_builds_a_zero3_config_and_only_compiled_arms_compile(name):
     cfg = config(f"arm={name}")
-    arm = arms.from_config(cfg["arm"])
-    ds_config = arm.deepspeed_config(cfg, cuda=False)
+    typed = validate(cfg, gpu_count=0)
+    arm = typed.arm
+    ds_config = arm.deepspeed_config(typed, cuda=False)
     assert ds_config["zero_optimization"]["stage"] == 3
     assert ("compile" in ds_config) == isinstance(arm, arms.CompiledArm) == arm.needs_cuda
     if "compile" in ds_config:  # DeepSpeed's own pass only for the arm that is DeepSpeed's pass
@@ -132,8 +133,8 @@ def test_each_arm_builds_a_zero3_config_and_only_compiled_arms_compile(name):
 
 
 def test_an_eager_arm_phases_come_from_its_phase_starts():
-    cfg = config("arm=zero3", "arm.phase_starts=[0,3]")
-    assert arms.from_config(cfg["arm"]).compile(cfg, engine=None, budget_bytes=None, run_dir="") == [0, 3]
+    typed = validate(config("arm=zero3", "arm.phase_starts=[0,3]"), gpu_count=0)
+    assert typed.arm.compile(typed, engine=None, budget_bytes=None, run_dir="") == [0, 3]
 
 
 @pytest.mark.parametrize("overrides", [["arm=zero3"], ["arm=deepcompile"], ["arm=ds_offload"],
@@ -142,9 +143,8 @@ def test_an_eager_arm_phases_come_from_its_phase_starts():
                                        ["arm=offload", "offload.release=ordered", "offload.peak_cap_gb=12",
                                         "offload.budget_rule=deepspeed"]])
 def test_every_arm_accepts_gradient_accumulation(overrides):
-    cfg = config(*overrides, "train.grad_accum=4")
-    validate(cfg, gpu_count=0)
-    assert arms.from_config(cfg["arm"]).deepspeed_config(cfg, cuda=True)["gradient_accumulation_steps"] == 4
+    typed = validate(config(*overrides, "train.grad_accum=4"), gpu_count=0)
+    assert typed.arm.deepspeed_config(typed, cuda=True)["gradient_accumulation_steps"] == 4
 
 
 def test_deepspeeds_pass_counts_a_cycle_per_scheduled_states_launched(monkeypatch):

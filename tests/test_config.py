@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 from conftest import BAD_VALUES
 from harness import arms
 from harness.contract.errors import ConfigError
+from harness.contract.schema.config import group_of
+from harness.contract.schema.groups import ModelShape
 from harness.rank.models import count_parameters, flops_per_token
 from harness.driver.validate import check_group_choices, validate
 
@@ -111,7 +113,7 @@ def test_flops_per_token_counts_matmuls_and_attention():
     cfg = preset["config"]
     untied_embedding = cfg["vocab_size"] * cfg["hidden_size"]
     attention = 12 * cfg["num_hidden_layers"] * 1024 * cfg["num_attention_heads"] * cfg["head_dim"]
-    assert flops_per_token(preset, n, 1024) == 6 * (n - untied_embedding) + attention
+    assert flops_per_token(group_of(ModelShape, cfg), n, 1024) == 6 * (n - untied_embedding) + attention
 
 
 def test_unknown_group_option_is_one_line_naming_the_group():
@@ -161,12 +163,11 @@ def test_a_reserved_cap_is_a_positive_number_of_gb():
 
 
 def test_reduce_bucket_size_reaches_the_zero_config_only_when_set():
-    default = OmegaConf.to_container(compose_config([]), resolve=True)
-    ds_config = arms.from_config(default["arm"]).deepspeed_config
+    default = validate(OmegaConf.to_container(compose_config([]), resolve=True), gpu_count=0)
+    ds_config = default.arm.deepspeed_config
     assert "reduce_bucket_size" not in ds_config(default, cuda=False)["zero_optimization"]
     cfg = OmegaConf.to_container(compose_config(["train.reduce_bucket_size=5e7"]), resolve=True)
-    validate(cfg, gpu_count=0)
-    assert ds_config(cfg, cuda=False)["zero_optimization"]["reduce_bucket_size"] == 50_000_000
+    assert ds_config(validate(cfg, gpu_count=0), cuda=False)["zero_optimization"]["reduce_bucket_size"] == 50_000_000
 
 
 def test_more_ranks_than_gpus_is_refused():

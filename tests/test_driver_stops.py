@@ -7,6 +7,7 @@ import signal
 import subprocess
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 from conftest import REPO_ROOT, driver_env, harness_cmd
@@ -122,3 +123,23 @@ def test_the_driver_refuses_a_long_number_and_an_environment_value_in_one_line_w
                                           f"{compose.INTERPOLATED}"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "config_error" and SECRET not in summary["reason"]
+
+
+@pytest.mark.parametrize("overrides,steps", [(["train.measure_steps=3"], 1 + 1 + 3), (["train.steps=0"], None)])
+def test_config_yaml_is_written_once_with_the_settled_step_counts(tmp_path, monkeypatch, overrides, steps):
+    """config.yaml is written once per point: the step counts settled (train.steps the total), or, for a refused
+    point, the config as written."""
+    from harness.config.compose import compose_point
+    from harness.driver import app
+
+    writes = []
+    monkeypatch.setattr(app, "start_attempt", lambda run_dir, cfg: None)  # Hydra's .hydra/ files
+    monkeypatch.setattr(app, "write_atomic", lambda path, text: writes.append((path.name, text)))
+    monkeypatch.setattr(app, "write_json", lambda path, value: None)
+    monkeypatch.setattr(app, "run_point", lambda config, run_dir, place: {"status": "ok", "launched": config})
+    monkeypatch.setattr(app.console, "phase_table", lambda summary: None)
+    cfg = compose_point(["model=tiny", "logger=none", "train.warmup_steps=1", *overrides])
+    status = app.record_point(cfg, tmp_path, app.nodes.NodePlace(node_rank=0, nnodes=1, hosts=("localhost",)))
+    assert status == ("ok" if steps else "config_error")
+    assert [name for name, _ in writes] == ["config.yaml"]
+    assert yaml.safe_load(writes[0][1])["train"]["steps"] == (steps if steps else 0)

@@ -15,23 +15,23 @@ GB = 10**9
 @pytest.mark.parametrize("size", [0, -1, float("nan"), float("inf"), "abc", True])
 def test_a_size_must_be_a_finite_positive_number(size):
     with pytest.raises(ConfigError) as error:
-        check_emulated_size({"device_memory_gb": size, "reserved_cap_gb": None}, physical_bytes=None)
+        check_emulated_size(size, None, physical_bytes=None)
     assert error.value.key == "env.device_memory_gb"
 
 
 def test_a_size_larger_than_the_device_is_refused_and_null_means_the_real_device():
     with pytest.raises(ConfigError) as error:
-        check_emulated_size({"device_memory_gb": 200, "reserved_cap_gb": None}, physical_bytes=141 * GB)
+        check_emulated_size(200, None, physical_bytes=141 * GB)
     assert error.value.key == "env.device_memory_gb" and "141.00 GB" in error.value.message
-    check_emulated_size({"device_memory_gb": 24, "reserved_cap_gb": None}, physical_bytes=141 * GB)
-    check_emulated_size({"device_memory_gb": None, "reserved_cap_gb": 12}, physical_bytes=141 * GB)
-    assert emulated_device.size_bytes({"device_memory_gb": None}) is None
-    assert emulated_device.size_bytes({"device_memory_gb": 24.5}) == 24_500_000_000
+    check_emulated_size(24, None, physical_bytes=141 * GB)
+    check_emulated_size(None, 12, physical_bytes=141 * GB)
+    assert emulated_device.size_bytes(None) is None
+    assert emulated_device.size_bytes(24.5) == 24_500_000_000
 
 
 def test_a_reserved_ceiling_above_the_emulated_device_is_refused():
     with pytest.raises(ConfigError) as error:
-        check_emulated_size({"device_memory_gb": 12, "reserved_cap_gb": 13}, physical_bytes=None)
+        check_emulated_size(12, 13, physical_bytes=None)
     assert error.value.key == "env.reserved_cap_gb"
 
 

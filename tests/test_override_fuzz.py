@@ -83,9 +83,9 @@ def driver_verdict(overrides: list[str]) -> str | None:
     except ConfigError as error:
         app.build_summary(known, "config_error", str(error), [], 0.0, {})  # still recorded
         return f"config error: {error}"
-    cmd, env = nodes.node_command(config, Path("/run dir"), PLACE)  # what Popen gets: text without NUL
+    cmd, env = nodes.node_command(config.written, Path("/run dir"), PLACE)  # what Popen gets: text without NUL
     assert all(isinstance(part, str) and "\x00" not in part for part in [*cmd, *env.values()])
-    app.build_summary(config, "ok", None, [], 0.0, {})
+    app.build_summary(config.written, "ok", None, [], 0.0, {})
     return None
 
 

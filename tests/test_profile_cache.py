@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from torch.fx import symbolic_trace
 
 from harness.config.compose import compose_point
+from harness.driver.validate import validate
 from harness.rank import profile_cache
 from harness.rank.profile_cache import ProfileCache, fingerprint, key_facts
 
@@ -25,6 +26,11 @@ def cfg() -> dict:
 
 def key_of(cfg, versions=VERSIONS) -> str:
     return profile_cache.digest(key_facts(cfg, versions))
+
+
+def typed(cfg):
+    """The typed config a rank reads from a validated config.yaml."""
+    return validate(cfg, gpu_count=0)
 
 
 def changed(cfg, group: str, name: str, value):
@@ -171,14 +177,14 @@ def test_reuse_is_off_by_default(cfg):
 
 
 def test_reuse_needs_a_sweep_dir_and_the_knob(tmp_path, cfg, monkeypatch):
-    cfg = changed(cfg, "sweep", "reuse", True)
+    cfg = typed(changed(cfg, "sweep", "reuse", True))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unchanged")
     monkeypatch.setenv("TRITON_CACHE_DIR", "unchanged")
     sweep, run_dir = tmp_path / "sweep", tmp_path / "sweep" / "0_point"
     run_dir.mkdir(parents=True)
     assert profile_cache.open_for(cfg, run_dir, 0, None) is None  # a single run: no multirun.yaml above it
     (sweep / profile_cache.SWEEP_MARKER).write_text("{}")
-    off = changed(cfg, "sweep", "reuse", False)
+    off = typed(changed(cfg.written, "sweep", "reuse", False))
     assert profile_cache.open_for(off, run_dir, 0, None) is None
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "unchanged"
     monkeypatch.setattr(profile_cache, "versions", lambda device_name: VERSIONS)

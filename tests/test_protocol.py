@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from harness import arms
 from harness.rank import machine
 from harness.contract import protocol
 from harness.config.compose import compose_point
+from harness.driver.validate import validate
 from harness.contract.steps import phase_of, summarize_phases
 from harness.contract.stats import median_interval, ratio_interval, runs_interval
 
@@ -31,9 +31,9 @@ def rows_of(counts: protocol.StepCounts, starts: list[int], time=lambda step: 1.
 
 @pytest.mark.parametrize("arm", ARMS, ids=lambda overrides: "-".join(o.partition("=")[2] for o in overrides))
 def test_every_arm_measures_measure_steps_final_phase_steps_from_one_config(arm):
-    cfg = config(*arm, "train.warmup_steps=2", "train.measure_steps=20")
-    starts = arms.from_config(cfg["arm"]).phase_start_steps(cfg)
-    counts = protocol.step_counts(cfg["train"], starts)
+    typed = validate(config(*arm, "train.warmup_steps=2", "train.measure_steps=20"), gpu_count=0)
+    starts = typed.arm.phase_start_steps(typed)
+    counts = protocol.step_counts(typed.train, starts)
     assert counts.total == starts[-1] + 1 + 2 + 20
     (*_, final) = summarize_phases(rows_of(counts, starts), warmup=counts.warmup)
     assert final["first_step"] == starts[-1] and final["n"] == 20 == counts.measured
@@ -41,16 +41,19 @@ def test_every_arm_measures_measure_steps_final_phase_steps_from_one_config(arm)
 
 
 def test_the_arms_phase_starts_differ_so_their_totals_do():
-    totals = {name: protocol.step_counts(cfg["train"], arms.from_config(cfg["arm"]).phase_start_steps(cfg)).total
-              for name in ("deepcompile", "ds_offload", "offload") for cfg in [config(f"arm={name}")]}
+    totals = {name: protocol.step_counts(typed.train, typed.arm.phase_start_steps(typed)).total
+              for name in ("deepcompile", "ds_offload", "offload")
+              for typed in [validate(config(f"arm={name}"), gpu_count=0)]}
     assert totals == {"deepcompile": 5 + 1 + 2 + 3, "ds_offload": 1 + 1 + 2 + 3, "offload": 2 + 1 + 2 + 3}
 
 
 def test_train_steps_sets_the_total_and_the_final_phase_measures_what_is_left():
     cfg = config("arm=offload", "train.steps=10", "train.measure_steps=null", "train.warmup_steps=1")
-    resolved = protocol.with_step_counts(cfg, [0, 2])
+    resolved = protocol.with_step_counts(cfg, protocol.step_counts(validate(cfg, gpu_count=0).train, [0, 2]))
     assert resolved["train"]["steps"] == 10 and resolved["train"]["measure_steps"] == 10 - 2 - 1 - 1
-    assert protocol.with_step_counts(config("train.measure_steps=4"), [0])["train"]["steps"] == 1 + 2 + 4
+    default = config("train.measure_steps=4")
+    counts = protocol.step_counts(validate(default, gpu_count=0).train, [0])
+    assert protocol.with_step_counts(default, counts)["train"]["steps"] == 1 + 2 + 4
 
 
 def test_warmup_steps_are_left_out_of_every_phase():

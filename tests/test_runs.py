@@ -15,6 +15,8 @@ from analysis.columns import is_design_column
 from analysis.load import load_sweep
 from analysis.tables import failed_statuses
 from conftest import BAD_VALUES, TINY_RUN, driver_env, harness_cmd, harness_run, read_run
+from harness import arms
+from harness.contract import schema
 from harness.contract.steps import quartiles, time_stats
 from harness.contract.runfiles import read_jsonl
 from harness.driver.sinks import flat_summary, mirror_to_wandb
@@ -62,10 +64,12 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     assert {"config.yaml", "summary.json", "env.json", "worker.json", "steps.jsonl", "worker.log"} <= set(modes)
     assert set(modes.values()) == {run_file_mode}, modes
     # The W&B mirror, re-run in-process on the same files, is given the same final medians.
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    written = {**written, "logger": {"name": "wandb", "mode": "offline", "project": "t"},
+               "sweep": {**written["sweep"], "name": "test"}}
     (tmp_path / "again").mkdir()
-    logged = mirror_to_wandb(tmp_path / "again", {"mode": "offline", "project": "t"}, config, rows, summary,
-                             env, group="test")
+    logged = mirror_to_wandb(tmp_path / "again", schema.typed(written, arms.from_config(written["arm"])), rows,
+                             summary, env)
     assert logged["final/step_time_s/median"] == quartiles([rows[3]["step_time_s"]])["median"]
     assert logged["final/n"] == 1 and logged["status"] == "ok"
     assert flat_summary(summary)["phase0/step_time_s/median"] == rows[1]["step_time_s"]

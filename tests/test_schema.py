@@ -202,3 +202,19 @@ def test_the_log_level_is_a_choice_with_info_by_default():
     with pytest.raises(ConfigError) as error:
         check_fields("launcher", schema.LauncherConfig, {**defaults, "log_level": "LOUD"})
     assert error.value.key == "launcher.log_level"
+
+
+def test_a_validated_config_reads_typed_with_its_arm_and_keeps_the_dict_as_written():
+    from harness.driver.validate import validate
+
+    written = OmegaConf.to_container(compose_point(["model=tiny", "arm=offload", "offload.budget_gb=3",
+                                                    "launcher.nproc_per_node=2"]), resolve=True)
+    written["launcher"].pop("requeue")  # a key only some launchers have
+    config = validate(written, gpu_count=0)
+    assert isinstance(config.arm, arms.from_config(written["arm"]).__class__) and config.arm.name == "offload"
+    assert config.offload == schema.OffloadConfig(**written["offload"]) and config.offload.budget_gb == 3
+    assert config.model.config.hidden_size == written["model"]["config"]["hidden_size"]  # a nested section
+    assert config.launcher.requeue is None and config.world_size == 2
+    assert config.written is written
+    with pytest.raises(AttributeError):  # frozen: the config a point runs is the one config.yaml holds
+        config.train.steps = 1

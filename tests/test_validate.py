@@ -100,12 +100,10 @@ def test_every_arm_refuses_a_bad_offload_knob(arm, override, key):
 
 
 def test_null_sub_group_size_means_deepspeeds_default():
-    cfg = config("train.sub_group_size=null")
-    validate(cfg, gpu_count=0)
-    assert "sub_group_size" not in arms.from_config(cfg["arm"]).deepspeed_config(cfg, cuda=False)["zero_optimization"]
-    default = config()
-    assert arms.from_config(default["arm"]).deepspeed_config(default, cuda=False)["zero_optimization"][
-        "sub_group_size"] == 100_000_000
+    typed = validate(config("train.sub_group_size=null"), gpu_count=0)
+    assert "sub_group_size" not in typed.arm.deepspeed_config(typed, cuda=False)["zero_optimization"]
+    default = validate(config(), gpu_count=0)
+    assert default.arm.deepspeed_config(default, cuda=False)["zero_optimization"]["sub_group_size"] == 100_000_000
 
 
 @pytest.mark.parametrize("overrides", [

@@ -60,42 +60,42 @@ class Arm:
             knobs[field.name] = arm_cfg[field.name]
         return cls(**knobs)
 
-    def deepspeed_config(self, cfg: Mapping[str, Any], cuda: bool) -> dict:
+    def deepspeed_config(self, config: schema.Config, cuda: bool) -> dict:
         """The DeepSpeed config dict of one point (ZeRO-3 for every arm)."""
-        train = cfg["train"]
-        torch_adam = train["torch_adam"] if train["torch_adam"] is not None else not cuda
+        train = config.train
+        torch_adam = train.torch_adam if train.torch_adam is not None else not cuda
         ds: dict[str, Any] = {
-            "train_micro_batch_size_per_gpu": train["micro_batch"],
-            "gradient_accumulation_steps": train["grad_accum"],
+            "train_micro_batch_size_per_gpu": train.micro_batch,
+            "gradient_accumulation_steps": train.grad_accum,
             "zero_optimization": {"stage": 3},
-            "optimizer": {"type": "AdamW", "params": {"lr": train["lr"], "torch_adam": torch_adam}},
+            "optimizer": {"type": "AdamW", "params": {"lr": train.lr, "torch_adam": torch_adam}},
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
-        for key in ("sub_group_size", "reduce_bucket_size"):  # null: DeepSpeed's default
-            if train[key] is not None:
-                ds["zero_optimization"][key] = int(train[key])
-        if train["dtype"] == "bf16":
+        for key, size in (("sub_group_size", train.sub_group_size), ("reduce_bucket_size", train.reduce_bucket_size)):
+            if size is not None:  # null: DeepSpeed's default
+                ds["zero_optimization"][key] = int(size)
+        if train.dtype == "bf16":
             ds["bf16"] = {"enabled": True}
-        elif train["dtype"] == "fp16":
+        elif train.dtype == "fp16":
             ds["fp16"] = {"enabled": True, "initial_scale_power": 16}
         if self.offload_optimizer == "cpu":
             ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": cuda}
             ds["optimizer"]["params"]["torch_adam"] = False  # ZeRO-Offload's point is DeepSpeed's CPU Adam
         return ds
 
-    def check(self, cfg: Mapping[str, Any]) -> None:
+    def check(self, config: schema.Config) -> None:
         """Knobs that cannot work together with the rest of the config (the validation has checked each value
         alone); raises ConfigError naming the key."""
 
-    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
+    def phase_start_steps(self, config: schema.Config) -> list[int]:
         """The steps where the arm's phases begin, known before launch: the measurement protocol counts the steps
         a point runs from the last of them (harness/contract/protocol.py)."""
         return [0]
 
-    def compile(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list[int]:
+    def compile(self, config: schema.Config, engine, budget_bytes: int | None, run_dir: str) -> list[int]:
         """Compile the engine if the arm does; returns the steps where phases begin."""
-        return self.phase_start_steps(cfg)
+        return self.phase_start_steps(config)
 
     def offload_counter_reader(self) -> Callable[[], dict] | None:
         """A function returning the arm's cumulative offload counters, or None for arms without them."""
@@ -137,7 +137,7 @@ class EagerArm(Arm):
     """No compile: one phase, unless `phase_starts` marks more (e.g. to compare warm-up)."""
     phase_starts: Annotated[Optional[list], PhaseStarts()]
 
-    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
+    def phase_start_steps(self, config: schema.Config) -> list[int]:
         return list(self.phase_starts or [0])
 
 
@@ -149,21 +149,21 @@ class CompiledArm(Arm):
 
     needs_cuda: ClassVar[bool] = True
 
-    def deepspeed_config(self, cfg: Mapping[str, Any], cuda: bool) -> dict:
-        ds = super().deepspeed_config(cfg, cuda)
+    def deepspeed_config(self, config: schema.Config, cuda: bool) -> dict:
+        ds = super().deepspeed_config(config, cuda)
         ds["compile"] = {"deepcompile": True, "offload_opt_states": False}
         return ds
 
-    def compile(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list[int]:
-        schedule = self.compile_schedule(cfg, engine, budget_bytes, run_dir)
+    def compile(self, config: schema.Config, engine, budget_bytes: int | None, run_dir: str) -> list[int]:
+        schedule = self.compile_schedule(config, engine, budget_bytes, run_dir)
         starts = [step for step, _ in schedule]
-        if starts != self.phase_start_steps(cfg):  # the step counts were made from the declared starts
+        if starts != self.phase_start_steps(config):  # the step counts were made from the declared starts
             raise RuntimeError(f"arm {self.name}: the compile schedule starts phases at {starts}, but the arm "
-                               f"declares {self.phase_start_steps(cfg)} (phase_start_steps)")
+                               f"declares {self.phase_start_steps(config)} (phase_start_steps)")
         engine.compile(backend=self.compile_backend, schedule=schedule)
         return starts
 
-    def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
+    def compile_schedule(self, config: schema.Config, engine, budget_bytes: int | None, run_dir: str) -> list:
         """[(step, [passes]), ...]: the passes DeepCompile runs from each step on."""
         raise NotImplementedError
 
@@ -182,8 +182,8 @@ class OffloadPassArm(CompiledArm):
     keeps_optimizer_states_on_gpu: ClassVar[bool] = False
     offload_keys: ClassVar[tuple[str, ...]] = tuple(field.name for field in fields(schema.BudgetConfig))  # the budget
 
-    def check(self, cfg: Mapping[str, Any]) -> None:
-        super().check(cfg)
+    def check(self, config: schema.Config) -> None:
+        super().check(config)
         if self.offload_optimizer == "cpu":
             raise ConfigError("arm.offload_optimizer", f"{self.name} moves optimizer states itself; "
                               "it cannot be combined with ZeRO-Offload (offload_optimizer=cpu)")

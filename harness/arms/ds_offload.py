@@ -10,28 +10,30 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal, Mapping
+from typing import Callable, ClassVar, Literal
 
 from harness.arms.base import BenchRole, Display, OffloadPassArm, gather_release
+from harness.contract import schema
 from harness.contract.units import GB
 
 
 @dataclass(frozen=True)
 class DsOffload(OffloadPassArm):
-    variant: Literal["async", "sync"]  # async: planned against the budget; sync: all out, all back, blocking
+    # async: planned against the budget; sync (offload_adam_states_sync): all out, all back, blocking
+    variant: Literal["async", "sync"]
 
     bench_role: ClassVar[str] = BenchRole.PEER
     display: ClassVar[Display] = Display("DeepSpeed offload", "#009E73", "^", table_order=2, capacity_order=3)
 
-    def deepspeed_config(self, cfg: Mapping[str, Any], cuda: bool) -> dict:
-        ds = super().deepspeed_config(cfg, cuda)
+    def deepspeed_config(self, config: schema.Config, cuda: bool) -> dict:
+        ds = super().deepspeed_config(config, cuda)
         ds["compile"]["offload_opt_states"] = True
         return ds
 
-    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
+    def phase_start_steps(self, config: schema.Config) -> list[int]:
         return [0, 1]  # DeepSpeed's pass evicts, profiles and plans at step 1, once step 0 made the states
 
-    def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
+    def compile_schedule(self, config: schema.Config, engine, budget_bytes: int | None, run_dir: str) -> list:
         from deepspeed.compile.passes import offload_adam_states as ds_pass
 
         # DeepSpeed's pass reads its budget from this hook; both passes plan against the same bytes.

@@ -1,7 +1,7 @@
 """offload: our own optimizer-state offload pass (harness/offload/); its knobs live in the offload group."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, ClassVar, Mapping
 
 from harness.contract import schema
@@ -25,22 +25,22 @@ class Offload(OffloadPassArm):
             return ("auto_rule",)
         return ("budget_rule",) if our_pass.uses_device_rule(values) else ()
 
-    def check(self, cfg: Mapping[str, Any]) -> None:
+    def check(self, config: schema.Config) -> None:
         from harness import offload
 
-        super().check(cfg)
-        offload.check_config(self.deepspeed_config(cfg, cuda=True), dict(cfg["offload"]))
+        super().check(config)
+        offload.check_config(self.deepspeed_config(config, cuda=True), asdict(config.offload))
 
-    def phase_start_steps(self, cfg: Mapping[str, Any]) -> list[int]:
+    def phase_start_steps(self, config: schema.Config) -> list[int]:
         from harness.offload import PLANNING_STEP
 
         return [0, PLANNING_STEP]
 
-    def compile_schedule(self, cfg: Mapping[str, Any], engine, budget_bytes: int | None, run_dir: str) -> list:
+    def compile_schedule(self, config: schema.Config, engine, budget_bytes: int | None, run_dir: str) -> list:
         from harness import offload
 
-        return offload.install(engine, dict(cfg["offload"]), budget_bytes, run_dir,
-                               copy_delay_us=cfg["debug"]["copy_delay_us"])
+        return offload.install(engine, asdict(config.offload), budget_bytes, run_dir,
+                               copy_delay_us=config.debug.copy_delay_us)
 
     def offload_counter_reader(self) -> Callable[[], dict]:
         from harness import offload

@@ -14,6 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from harness.contract.schema.config import Config
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -64,13 +66,12 @@ def _nvidia_smi() -> tuple[str | None, str | None]:
     return name.strip(), driver.strip()
 
 
-def collect_env(cfg: dict[str, Any], run_dir: Path | None = None) -> tuple[dict[str, Any], str | None]:
+def collect_env(config: Config, run_dir: Path | None = None) -> tuple[dict[str, Any], str | None]:
     """(env.json's contents, the diff to keep beside it, or None: git_state)."""
     import torch
 
     gpu_name, driver = _nvidia_smi()
     git, diff = git_state(run_dir)
-    launcher = cfg["launcher"]
     return {
         **git,
         "python": platform.python_version(),
@@ -81,9 +82,9 @@ def collect_env(cfg: dict[str, Any], run_dir: Path | None = None) -> tuple[dict[
         "driver": driver,
         "gpu_name": gpu_name,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "world_size": launcher["nproc_per_node"] * launcher.get("nnodes", 1),
+        "world_size": config.world_size,
         "hostnames": [socket.gethostname()],
-        "pytorch_cuda_alloc_conf": cfg["env"]["pytorch_cuda_alloc_conf"],
-        "reserved_cap_gb": cfg["env"]["reserved_cap_gb"],
-        "device_memory_gb": cfg["env"].get("device_memory_gb"),
+        "pytorch_cuda_alloc_conf": config.env.pytorch_cuda_alloc_conf,
+        "reserved_cap_gb": config.env.reserved_cap_gb,
+        "device_memory_gb": config.env.device_memory_gb,
     }, diff

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:  # the schema imports this module
+    from harness.contract.schema.groups import TrainConfig
 
 # Steadiness: a point whose measured steps drift, whose reserved memory still grows, or whose allocator retries
 # on most steps has not reached the steady state its median claims to describe.
@@ -34,23 +37,21 @@ class StepCounts:
         return self.final_start + 1 + self.warmup
 
 
-def step_counts(train: Mapping[str, Any], phase_starts: Sequence[int]) -> StepCounts:
+def step_counts(train: TrainConfig, phase_starts: Sequence[int]) -> StepCounts:
     """The step counts of a validated train group, given the steps where the arm's phases begin."""
-    warmup = train["warmup_steps"]
-    if train["steps"] is None:
+    warmup = train.warmup_steps
+    if train.steps is None:
         final_start = phase_starts[-1]
-        return StepCounts(final_start + 1 + warmup + train["measure_steps"], final_start, warmup,
-                          train["measure_steps"])
-    total = train["steps"]
+        return StepCounts(final_start + 1 + warmup + train.measure_steps, final_start, warmup, train.measure_steps)
+    total = train.steps
     final_start = max(start for start in phase_starts if start < total)  # the last phase the run reaches
     return StepCounts(total, final_start, warmup, max(0, total - (final_start + 1 + warmup)))
 
 
-def with_step_counts(config: dict[str, Any], phase_starts: Sequence[int]) -> dict[str, Any]:
-    """The config as the point runs it: train.steps is the total and train.measure_steps the final phase's
-    measured count, whichever of the two the user set."""
-    counts = step_counts(config["train"], phase_starts)
-    return {**config, "train": {**config["train"], "steps": counts.total, "measure_steps": counts.measured}}
+def with_step_counts(written: dict[str, Any], counts: StepCounts) -> dict[str, Any]:
+    """The config (as config.yaml holds it) as the point runs it: train.steps is the total and train.measure_steps
+    the final phase's measured count, whichever of the two the user set."""
+    return {**written, "train": {**written["train"], "steps": counts.total, "measure_steps": counts.measured}}
 
 
 def is_measured(row: Mapping[str, Any], warmup: int) -> bool:

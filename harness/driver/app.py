@@ -33,7 +33,7 @@ from harness import arms  # noqa: E402
 from harness.config import compose  # noqa: E402
 from harness.driver import console, estimate, launch, progress, signals  # noqa: E402
 from harness.rank import emulated_device, machine  # noqa: E402
-from harness.contract import exits, logs, protocol, runfiles, safe_read  # noqa: E402
+from harness.contract import exits, logs, protocol, runfiles, safe_read, schema  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
 from harness.contract.checks import is_usable_number, lookup  # noqa: E402
 from harness.contract.envinfo import collect_env  # noqa: E402
@@ -91,7 +91,8 @@ def _machine_summary(readings: dict | None) -> dict | None:
 
 def _emulated_size_bytes(env: dict) -> int | None:
     """env.device_memory_gb in bytes, None where it is null or no usable number (a refused config)."""
-    return emulated_device.size_bytes(env) if is_usable_number(env.get("device_memory_gb")) else None
+    size = env.get("device_memory_gb")
+    return emulated_device.size_bytes(size) if is_usable_number(size) else None
 
 
 def _configured_world_size(launcher: dict) -> int | None:
@@ -113,7 +114,7 @@ def _device_total_bytes() -> int | None:
     return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
 
-def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, Any]:
+def run_point(config: schema.Config, run_dir: Path, place: nodes.NodePlace) -> dict[str, Any]:
     """Launch this node's ranks of one validated point and return the point's summary (node 0 writes
     it to run_dir/summary.json; every node of a multi-node point runs this)."""
     env, diff = collect_env(config, run_dir)
@@ -121,25 +122,25 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
         write_json(run_dir / runfiles.ENV, env)
         if diff is not None:  # the code that ran, where it was not its commit's
             write_atomic(run_dir / runfiles.DIFF, diff)
-    arm = arms.from_config(config["arm"])
+    arm = config.arm
     gpus = _gpu_count()
     if arm.needs_cuda and not gpus:
-        return build_summary(config, "skipped", f"arm {arm.name} needs CUDA; this machine has no GPU", [], 0.0, {})
+        reason = f"arm {arm.name} needs CUDA; this machine has no GPU"
+        return build_summary(config.written, "skipped", reason, [], 0.0, {})
 
-    cmd, worker_env = nodes.node_command(config, run_dir, place)
-    admitted = arms.handed_to_ranks(config["arm"])
+    cmd, worker_env = nodes.node_command(config.written, run_dir, place)
+    admitted = arms.handed_to_ranks(config.written["arm"])  # the class path (_target_), which only the dict has
     if admitted:  # an arm from the driver's command line: the ranks may import it on their driver's word
         worker_env[arms.ADMITTED_ENV] = admitted
-    launcher, steps = config["launcher"], config["train"]["steps"]
-    multinode, log_name = launcher["nnodes"] > 1, runfiles.node_log(place.node_rank)
+    launcher, steps = config.launcher, config.train.steps
+    multinode, log_name = launcher.nnodes > 1, runfiles.node_log(place.node_rank)
     stall = progress.first_of(
-        progress.StartupWatch(run_dir, launcher["startup_timeout_s"], log_name)
-        if launcher.get("startup_timeout_s") else None,
-        progress.StallWatch(run_dir, launcher["stall_timeout_s"], steps) if launcher["stall_timeout_s"] else None)
+        progress.StartupWatch(run_dir, launcher.startup_timeout_s, log_name) if launcher.startup_timeout_s else None,
+        progress.StallWatch(run_dir, launcher.stall_timeout_s, steps) if launcher.stall_timeout_s else None)
     peers = stops.peer_failure_watch(run_dir, place) if multinode else None
     end_time = stops.job_end_time(place)
     result = launch.run_workers(
-        cmd, worker_env, run_dir, launcher["timeout_s"], log_name=log_name, stop_signals=stops.stop_signals(),
+        cmd, worker_env, run_dir, launcher.timeout_s, log_name=log_name, stop_signals=stops.stop_signals(),
         name_stop=lambda signum: stops.stop_status(signum, end_time, time.time()), peer_failure=peers, stall=stall)
     launch.report_failure(result, run_dir, place, log_name, peers)
     rows = read_jsonl(run_dir / runfiles.STEPS)
@@ -150,7 +151,7 @@ def run_point(config: dict, run_dir: Path, place: nodes.NodePlace) -> dict[str, 
         env.update(world_size=facts["world_size"], hostnames=facts["hostnames"])
         write_json(run_dir / runfiles.ENV, env)
     oom = launch.oom_facts(run_dir) if status == "oom" else None
-    return build_summary(config, status, reason, rows, result.wall_time_s, facts, oom)
+    return build_summary(config.written, status, reason, rows, result.wall_time_s, facts, oom)
 
 
 def read_worker_facts(facts_path: Path) -> dict:
@@ -205,13 +206,16 @@ def _signal_name(stop: KeyboardInterrupt) -> str:
     return str(stop.args[0]) if stop.args and str(stop.args[0]).startswith("SIG") else "SIGINT"
 
 
-def checked_config(config: dict, place: nodes.NodePlace) -> dict:
-    """The point's resolved config checked as the driver launches it; ConfigError naming the key at fault."""
-    arms.admit(config.get("arm"))  # the arm this command line names; readers of the run dir never import it
-    validate(config, _gpu_count())
-    check_emulated_size(config["env"], _device_total_bytes())
-    nodes.check_allocation(config["launcher"], place)
-    return config
+def checked_config(resolved: dict, place: nodes.NodePlace) -> schema.Config:
+    """The point's resolved config checked as the driver launches it and typed, with its step counts settled:
+    train.steps the total, train.measure_steps the final phase's measured count (harness/contract/protocol.py);
+    ConfigError naming the key at fault."""
+    arms.admit(resolved.get("arm"))  # the arm this command line names; readers of the run dir never import it
+    config = validate(resolved, _gpu_count())
+    check_emulated_size(config.env.device_memory_gb, config.env.reserved_cap_gb, _device_total_bytes())
+    nodes.check_allocation(resolved["launcher"], place)
+    counts = protocol.step_counts(config.train, config.arm.phase_start_steps(config))
+    return schema.typed(protocol.with_step_counts(resolved, counts), config.arm)
 
 
 def resolved_or_written(cfg: DictConfig) -> tuple[dict, ConfigError | None]:
@@ -228,43 +232,40 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     known, unresolved = resolved_or_written(cfg)
     if place.primary:
         start_attempt(run_dir, cfg)
-        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(known))
+    config, error = None, unresolved
     try:
-        if unresolved is not None:
-            raise unresolved
-        config = checked_config(known, place)
-    except ConfigError as error:
-        if unresolved is None:  # a resolved value refused: it may have come from the environment
-            error = compose.hide_interpolated(error, cfg, known)
+        if error is None:
+            config = checked_config(known, place)
+    except ConfigError as refused:  # a resolved value refused: it may have come from the environment
+        error = compose.hide_interpolated(refused, cfg, known)
+    finally:  # config.yaml, once: the point as it runs, or as written where it was refused or its check failed
+        if place.primary:
+            written = config.written if config is not None else known
+            write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(written))
+    if error is not None:
         console.error(f"config error: {error}")
         if place.primary:
             write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
         return "config_error"
-    logs.setup(config["launcher"]["log_level"])
-    # The point as it runs, over the config as written: train.steps the total, train.measure_steps the final
-    # phase's measured count (harness/contract/protocol.py).
-    config = protocol.with_step_counts(config, arms.from_config(config["arm"]).phase_start_steps(config))
-    if place.primary:
-        write_atomic(run_dir / runfiles.CONFIG, OmegaConf.to_yaml(config))
+    logs.setup(config.launcher.log_level)
 
     summary = run_point(config, run_dir, place)
     if not place.primary:
         return summary["status"]
     write_json(run_dir / runfiles.SUMMARY, summary)
-    if config["logger"]["name"] == "wandb":
+    if config.logger.name == "wandb":
         mirror_point(run_dir, config, summary)
     console.phase_table(summary)
-    if summary["status"] == "preempted" and stops.requeue_preempted(place, config["launcher"].get("requeue")):
+    if summary["status"] == "preempted" and stops.requeue_preempted(place, config.launcher.requeue):
         sys.exit(exits.REQUEUED)  # SLURM runs the job again; submitit waits for it instead of a result
     return summary["status"]
 
 
-def mirror_point(run_dir: Path, config: dict, summary: dict) -> None:
+def mirror_point(run_dir: Path, config: schema.Config, summary: dict) -> None:
     """The point's W&B run; a failure of the mirror is one warning line (summary.json is the record and stands)."""
     try:
         env = json.loads((run_dir / runfiles.ENV).read_text())
-        mirror_to_wandb(run_dir, config["logger"], config, read_jsonl(run_dir / runfiles.STEPS), summary, env,
-                        group=config["sweep"]["name"])
+        mirror_to_wandb(run_dir, config, read_jsonl(run_dir / runfiles.STEPS), summary, env)
     except Exception as error:  # W&B raises its own errors, pydantic's among them
         logger.warning(f"warning: the W&B mirror of {run_dir} failed: {traceback_last_line(error)}")
 

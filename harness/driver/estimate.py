@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from harness import arms
 from harness.driver import console
 from harness.config.compose import compose_point, sweep_points
+from harness.contract import schema
 from harness.contract.errors import ConfigError
 from harness.contract.units import GB
 
@@ -52,14 +53,13 @@ def _parameter_count(model_json: str) -> int:
     return count_parameters(json.loads(model_json))
 
 
-def _device_memory_bytes(config: Mapping[str, Any]) -> int | None:
+def _device_memory_bytes(config: schema.Config) -> int | None:
     """What a point's ranks may use: the emulated device size if set, else launcher.gpu_memory_gb, else this GPU."""
-    emulated = config["env"].get("device_memory_gb")
+    emulated = config.env.device_memory_gb
     if emulated is not None:
         return int(emulated * GB)
-    launcher = config["launcher"]
-    if launcher.get("gpu_memory_gb"):
-        return int(launcher["gpu_memory_gb"] * GB)
+    if config.launcher.gpu_memory_gb:
+        return int(config.launcher.gpu_memory_gb * GB)
     import torch
 
     return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
@@ -72,18 +72,18 @@ def estimate_row(overrides: list[str]) -> dict[str, Any]:
     from harness.driver.validate import validate
 
     config = OmegaConf.to_container(compose_point(overrides), resolve=True)
-    launcher = config["launcher"]
+    launcher = config["launcher"]  # not validated yet: the row of a refused point names what it can
     row: dict[str, Any] = {"overrides": overrides, "arm": config["arm"]["name"], "model": config["model"]["name"],
                            "nnodes": launcher["nnodes"], "nproc_per_node": launcher["nproc_per_node"],
                            "gpus": launcher["nnodes"] * launcher["nproc_per_node"], "error": None}
     try:
-        validate(config, gpu_count=None)
+        typed = validate(config, gpu_count=None)
     except ConfigError as error:
         return {**row, "error": str(error)}
-    n_params = _parameter_count(json.dumps(config["model"], sort_keys=True))
-    states = model_state_bytes(n_params, row["gpus"], config["train"]["dtype"])
-    memory = _device_memory_bytes(config)
-    on_gpu = states_on_gpu(arms.from_config(config["arm"]), states)
+    n_params = _parameter_count(json.dumps(config["model"], sort_keys=True))  # the model's builder reads the dict
+    states = model_state_bytes(n_params, row["gpus"], typed.train.dtype)
+    memory = _device_memory_bytes(typed)
+    on_gpu = states_on_gpu(typed.arm, states)
     return {**row, **states, "n_params": n_params, "on_gpu": on_gpu, "gpu_memory": memory,
             "fits": None if memory is None else on_gpu <= memory}
 

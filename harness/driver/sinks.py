@@ -10,7 +10,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from harness.contract import exits, reader, runfiles
+from harness.contract import exits, reader, runfiles, schema
 from harness.contract.sweep_index import index_line
 from harness.contract.runfiles import UNNUMBERED, job_order
 
@@ -37,18 +37,18 @@ def flat_summary(summary: dict) -> dict[str, Any]:
     return flat
 
 
-def mirror_to_wandb(run_dir: Path, logger_cfg: dict, config: dict, rows: list[dict], summary: dict,
-                    env: dict, group: str) -> dict[str, Any]:
-    """One W&B run per point, from the driver: config, step history, summary, env.
+def mirror_to_wandb(run_dir: Path, config: schema.Config, rows: list[dict], summary: dict, env: dict) -> dict[str, Any]:
+    """One W&B run per point, from the driver: config (as config.yaml holds it), step history, summary, env; the
+    run's group is the sweep's name.
 
     Returns the summary W&B holds for the run, read back from the run object, so callers can check it.
     """
     import wandb
 
-    run = wandb.init(mode=logger_cfg.get("mode", "offline"), project=logger_cfg.get("project"),
-                     entity=logger_cfg.get("entity"), dir=str(run_dir), group=group,
-                     job_type=config["arm"]["name"], name=Path(run_dir).name, config=config,
-                     reinit="finish_previous")
+    logger = config.logger
+    run = wandb.init(mode=logger.mode or "offline", project=logger.project, entity=logger.entity, dir=str(run_dir),
+                     group=config.sweep.name, job_type=config.arm.name, name=Path(run_dir).name,
+                     config=dict(config.written), reinit="finish_previous")
     try:
         for row in rows:
             run.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=row["step"])

@@ -14,24 +14,24 @@ from harness.contract import schema
 from harness.contract.errors import ConfigError
 
 
-def check_machine(cfg: dict[str, Any], gpu_count: int | None) -> None:
+def check_machine(config: schema.Config, gpu_count: int | None) -> None:
     """What this node can run: no more ranks than GPUs, and fp16 only with CUDA (its loss scaling is CUDA's)."""
-    launcher = cfg["launcher"]
-    if gpu_count and launcher["nproc_per_node"] > gpu_count:
-        raise ConfigError("launcher.nproc_per_node",
-                          f"{launcher['nproc_per_node']} ranks per node but this node has {gpu_count} GPUs")
-    if gpu_count == 0 and cfg["train"]["dtype"] == "fp16":
+    ranks = config.launcher.nproc_per_node
+    if gpu_count and ranks > gpu_count:
+        raise ConfigError("launcher.nproc_per_node", f"{ranks} ranks per node but this node has {gpu_count} GPUs")
+    if gpu_count == 0 and config.train.dtype == "fp16":
         raise ConfigError("train.dtype", "fp16 needs CUDA and this node has no GPU; on CPU train in bf16 or fp32")
 
 
-def validate(cfg: dict[str, Any], gpu_count: int | None) -> None:
-    """All checks; `gpu_count` is the node's GPU count (0 on a CPU machine, None where the machine is not the one
-    that will run the point, as for the dry-run estimate)."""
+def validate(cfg: dict[str, Any], gpu_count: int | None) -> schema.Config:
+    """All checks, and the config typed; `gpu_count` is the node's GPU count (0 on a CPU machine, None where the
+    machine is not the one that will run the point, as for the dry-run estimate)."""
     schema.check_values(cfg, arms.check_knobs)
-    arm = arms.from_config(cfg["arm"])
-    schema.check_rules(cfg, arm.phase_start_steps(cfg))
-    check_machine(cfg, gpu_count)
-    arm.check(cfg)
+    config = schema.typed(cfg, arms.from_config(cfg["arm"]))
+    schema.check_rules(config)
+    check_machine(config, gpu_count)
+    config.arm.check(config)
+    return config
 
 
 # Config groups a command line may choose from, and the folder holding each one's options.

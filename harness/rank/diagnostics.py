@@ -15,6 +15,7 @@ import torch
 
 from harness.rank import memory_trace
 from harness.contract import runfiles
+from harness.contract.schema.groups import DebugConfig
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +26,10 @@ class StepDiagnostics:
     """Starts and stops the requested recorders around a step (call `before` after the step-start sync and
     `after` after the step-end sync, so they cover exactly one step)."""
 
-    def __init__(self, debug: dict, rank: int, cuda: bool):
+    def __init__(self, debug: DebugConfig, rank: int, cuda: bool):
         self.cuda = cuda
-        self.profile_step = debug.get("profile_step") if rank == 0 else None
-        self.memory_step = debug.get("memory_trace_step") if rank == 0 else None
+        self.profile_step = debug.profile_step if rank == 0 else None
+        self.memory_step = debug.memory_trace_step if rank == 0 else None
         if self.memory_step is not None and not cuda:
             logger.warning("worker: debug.memory_trace_step needs CUDA (it traces the caching allocator); "
                            "no trace written")

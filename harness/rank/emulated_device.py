@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Mapping
 
-from harness.contract.schema.groups import check_emulated_size
+from harness.contract.schema.groups import EnvConfig, check_emulated_size
 from harness.contract.units import GB
 
 logger = logging.getLogger(__name__)
@@ -29,10 +28,9 @@ _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _REQUESTED = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 
 
-def size_bytes(env_cfg: Mapping[str, Any]) -> int | None:
-    """The emulated device size in bytes, or None for the real device."""
-    size = env_cfg.get("device_memory_gb")
-    return None if size is None else int(size * GB)
+def size_bytes(size_gb: float | None) -> int | None:
+    """The emulated device size (env.device_memory_gb) in bytes, or None for the real device."""
+    return None if size_gb is None else int(size_gb * GB)
 
 
 def set_allocator_ceiling(limit_bytes: int, physical_bytes: int, device) -> None:
@@ -52,17 +50,18 @@ def patch_accelerator(size: int) -> None:
     accelerator.available_memory = lambda device_index=None: max(0, size - int(reserved(device_index) or 0))
 
 
-def apply(env_cfg: Mapping[str, Any], device, physical_bytes: int | None) -> int | None:
+def apply(env: EnvConfig, device, physical_bytes: int | None) -> int | None:
     """Emulate the configured size on this rank (call before anything is allocated); returns it in bytes."""
-    size = size_bytes(env_cfg)
+    size = size_bytes(env.device_memory_gb)
     if size is None:
         return None
-    check_emulated_size(env_cfg, physical_bytes)  # against the real device, which only the rank sees
+    # Against the real device, which only the rank sees.
+    check_emulated_size(env.device_memory_gb, env.reserved_cap_gb, physical_bytes)
     patch_accelerator(size)
     if device.type == "cuda":
         set_allocator_ceiling(size, physical_bytes, device)
     else:
-        logger.info(f"worker: env.device_memory_gb={env_cfg['device_memory_gb']:g}: no CUDA allocator to cap on "
+        logger.info(f"worker: env.device_memory_gb={env.device_memory_gb:g}: no CUDA allocator to cap on "
                     "this machine; DeepSpeed's accelerator reports the emulated size")
     return size
 

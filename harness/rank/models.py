@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from harness.contract.schema import ModelConfig, choices
+from harness.contract.schema.groups import ModelShape
 
 FAMILIES = choices(ModelConfig, "family")
 # Each family's transformers config and causal-LM classes (the families themselves: harness/contract/schema/).
@@ -50,20 +51,17 @@ def count_parameters(model_cfg: Mapping[str, Any]) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def flops_per_token(model_cfg: Mapping[str, Any], n_params: int, seq_len: int) -> float:
+def flops_per_token(shape: ModelShape, n_params: int, seq_len: int) -> float:
     """Training FLOPs per token: 6 x (matmul parameters) + 12 x layers x seq x heads x head_dim.
 
     The first term counts forward (2) and backward (4) FLOPs of every weight matmul; the input
     embedding is a lookup, so its parameters are excluded (unless tied to the output head). The
     second term is attention's QK^T and AV products (PaLM, appendix B), without a causal discount.
     """
-    cfg = model_cfg["config"]
-    hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or hidden // heads
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    matmul_params = n_params if tied else n_params - vocab * hidden
-    return 6.0 * matmul_params + 12.0 * cfg["num_hidden_layers"] * seq_len * heads * head_dim
+    hidden, heads = shape.hidden_size, shape.num_attention_heads
+    head_dim = shape.head_dim or hidden // heads
+    matmul_params = n_params if shape.tie_word_embeddings else n_params - shape.vocab_size * hidden
+    return 6.0 * matmul_params + 12.0 * shape.num_hidden_layers * seq_len * heads * head_dim
 
 
 def synthetic_batch(generator: torch.Generator, micro_batch: int, seq_len: int, vocab_size: int,

@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from harness.contract import schema
 from harness.contract.envinfo import REPO_ROOT
 from harness.contract.runfiles import write_atomic
 
@@ -114,19 +115,20 @@ def point_caches_at(sweep_dir: Path, versions_now: Mapping[str, Any]) -> None:
     os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
 
 
-def open_for(cfg: Mapping[str, Any], run_dir: Path, rank: int, device_name: str | None) -> ProfileCache | None:
+def open_for(config: schema.Config, run_dir: Path, rank: int, device_name: str | None) -> ProfileCache | None:
     """This point's cache, its inductor and Triton caches pointed at the sweep's; None where nothing is reused:
     `sweep.reuse=false`, a single run (no sweep dir), or a checkout git cannot describe (no key could tell two
     versions of the harness apart)."""
     sweep_dir = sweep_dir_of(run_dir)
-    if not cfg["sweep"]["reuse"] or sweep_dir is None:
+    if not config.sweep.reuse or sweep_dir is None:
         return None
     versions_now = versions(device_name)
     if versions_now is None:
         logger.warning("profile_cache: git cannot describe this checkout; nothing is reused across the sweep")
         return None
     point_caches_at(sweep_dir, versions_now)
-    return ProfileCache(sweep_dir, key_facts(cfg, versions_now), writes=rank == 0)
+    # The key digests the groups as config.yaml holds them, so a key made before a schema change still matches.
+    return ProfileCache(sweep_dir, key_facts(config.written, versions_now), writes=rank == 0)
 
 
 # --- one graph's fingerprint ----------------------------------------------------------------------------------

@@ -24,9 +24,10 @@ import torch.distributed as dist
 
 from harness import arms
 from harness.rank import emulated_device, machine, models, profile_cache
-from harness.contract import logs, protocol, runfiles
+from harness.contract import logs, protocol, runfiles, schema
 from harness.contract.budget import resolve_budget_bytes
 from harness.contract.errors import refusal_in
+from harness.contract.schema.groups import DebugConfig, EnvConfig, OffloadConfig
 from harness.rank.diagnostics import StepDiagnostics
 from harness.contract import steps
 from harness.contract.steps import phase_of
@@ -82,13 +83,12 @@ def cap_reserved_memory(cap_gb: float | None, monitor: MemoryMonitor) -> None:
     emulated_device.set_allocator_ceiling(int(cap_gb * GB), physical_total_bytes(monitor.device), monitor.device)
 
 
-def resolve_budget(offload_cfg: dict, monitor: MemoryMonitor, device: torch.device) -> int | None:
+def resolve_budget(offload: OffloadConfig, monitor: MemoryMonitor, device: torch.device) -> int | None:
     """The offload budget in bytes, resolved on rank 0 (which knows the device) and sent to all ranks."""
     total = monitor.device_total_bytes()
-    if offload_cfg["budget_gb"] is None and total is None:
+    if offload.budget_gb is None and total is None:
         return None
-    budget = resolve_budget_bytes(offload_cfg["budget_gb"], offload_cfg["budget_fraction"],
-                                  offload_cfg["margin"], total or 0)
+    budget = resolve_budget_bytes(offload.budget_gb, offload.budget_fraction, offload.margin, total or 0)
     value = torch.tensor([budget], dtype=torch.int64, device=device)
     dist.broadcast(value, src=0)
     return int(value.item())
@@ -140,33 +140,31 @@ def accelerator_total_bytes() -> int:
     return int(get_accelerator().total_memory())
 
 
-def _fault_here(debug: dict, step: int, rank: int) -> bool:
+def _fault_here(debug: DebugConfig, step: int, rank: int) -> bool:
     """Whether debug.fault (if any) targets this step on this rank."""
-    return debug["fault"] is not None and step == debug["fault_step"] and rank == debug["fault_rank"]
+    return debug.fault is not None and step == debug.fault_step and rank == debug.fault_rank
 
 
-def inject_fault(cfg: dict, step: int, rank: int) -> None:
+def inject_fault(debug: DebugConfig, step: int, rank: int) -> None:
     """debug.fault: make a failure happen for real at a chosen step, to test how it is recorded."""
-    debug = cfg["debug"]
     if not _fault_here(debug, step, rank):
         return
-    if debug["fault"] == "kill":
+    if debug.fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if debug["fault"] == "oom":
+    if debug.fault == "oom":
         raise torch.OutOfMemoryError("CUDA out of memory (injected by debug.fault=oom)")
-    if debug["fault"] == "hang":
+    if debug.fault == "hang":
         while True:
             time.sleep(60)
 
 
-def slow_down(cfg: dict, step: int, rank: int) -> None:
+def slow_down(debug: DebugConfig, step: int, rank: int) -> None:
     """debug.fault=slow: this rank sleeps inside the timed step, so only a max over ranks shows it."""
-    debug = cfg["debug"]
-    if debug["fault"] == "slow" and _fault_here(debug, step, rank):
-        time.sleep(debug["fault_sleep_s"])
+    if debug.fault == "slow" and _fault_here(debug, step, rank):
+        time.sleep(debug.fault_sleep_s)
 
 
-def run(cfg: dict, run_dir: Path, position: Position) -> None:
+def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     split = WallSplit()
     split.mark("imports_s")
     import deepspeed
@@ -175,21 +173,22 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
     device = init_distributed(cuda)
     split.mark("process_group_s")
     rank, world = dist.get_rank(), dist.get_world_size()
-    logs.setup(cfg["launcher"].get("log_level", logs.DEFAULT_LEVEL), rank)
-    train, model_cfg = cfg["train"], cfg["model"]
+    logs.setup(config.launcher.log_level, rank)
+    train = config.train
     # Before anything is allocated: the whole run sees the emulated device, phase 0 included.
-    monitor = MemoryMonitor(device, emulated_device.apply(cfg["env"], device, physical_total_bytes(device)))
+    monitor = MemoryMonitor(device, emulated_device.apply(config.env, device, physical_total_bytes(device)))
     outside = monitor.used_outside_torch_bytes()
     if outside is not None and outside > SHARED_DEVICE_WARN_BYTES:
         logger.warning(f"worker: rank {rank}: {outside / GB:.1f} GB of device memory in use outside this process "
                        "before the model exists: another job shares the GPU; timings and DeepCompile's memory "
                        "profile (which adds that memory to every node) are skewed")
-    arm = arms.from_config(cfg["arm"])
-    budget = resolve_budget(cfg["offload"], monitor, device) if arm.offloads_opt_states else None
+    arm = config.arm
+    budget = resolve_budget(config.offload, monitor, device) if arm.offloads_opt_states else None
 
-    ds_config = arm.deepspeed_config(cfg, cuda)
-    make_model = models.model_factory(model_cfg)
-    torch.manual_seed(train["seed"])
+    ds_config = arm.deepspeed_config(config, cuda)
+    # transformers builds from the model section as written: a key it leaves out stays transformers' default.
+    make_model = models.model_factory(config.written["model"])
+    torch.manual_seed(train.seed)
     with deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = make_model()
     split.mark("model_s")
@@ -197,14 +196,14 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     cache = None
     if isinstance(arm, arms.CompiledArm):  # DeepCompile profiles: timed, and reused across a sweep's points
-        cache = profile_cache.open_for(cfg, run_dir, rank, gpu_name(device))
+        cache = profile_cache.open_for(config, run_dir, rank, gpu_name(device))
         split.profiling_seconds = profile_cache.install(cache, lambda: position.phase)
     split.pass_seconds = arm.pass_seconds
-    starts = arm.compile(cfg, engine, budget, str(run_dir))
+    starts = arm.compile(config, engine, budget, str(run_dir))
     split.mark("engine_s")
 
     host = HostMemoryMonitor(monitor.cuda)
-    flops_per_token = models.flops_per_token(model_cfg, n_params, train["seq_len"])
+    flops_per_token = models.flops_per_token(config.model.config, n_params, train.seq_len)
     facts = {"world_size": world, "hostnames": sorted(set(gather_from_ranks(socket.gethostname()))),
              "budget_bytes": budget, "device_total_bytes": monitor.device_total_bytes(),
              "physical_device_total_bytes": physical_total_bytes(device),
@@ -217,19 +216,19 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
     if rank == 0:
         write_json(run_dir / runfiles.WORKER, facts)
 
-    generator = torch.Generator().manual_seed(train["seed"] * 1000 + rank)
+    generator = torch.Generator().manual_seed(train.seed * 1000 + rank)
     counters = ArmCounters(arm.offload_counter_reader())
     counts = protocol.step_counts(train, starts)
     watch = MachineWatch(device, counts)
-    tokens = train["micro_batch"] * train["seq_len"] * train["grad_accum"] * world
-    vocab = model_cfg["config"]["vocab_size"]
-    diagnostics = StepDiagnostics(cfg["debug"], rank, monitor.cuda)
+    tokens = train.micro_batch * train.seq_len * train.grad_accum * world
+    vocab = config.model.config.vocab_size
+    diagnostics = StepDiagnostics(config.debug, rank, monitor.cuda)
     for step in range(counts.total):
         phase, phase_step = phase_of(step, starts)
         position.step, position.phase = step, phase
-        inject_fault(cfg, step, rank)
+        inject_fault(config.debug, step, rank)
         if step == counts.final_start:
-            cap_reserved_memory(cfg["env"]["reserved_cap_gb"], monitor)
+            cap_reserved_memory(config.env.reserved_cap_gb, monitor)
         monitor.reset_peaks()
         synchronize(device)
         watch.before(step)
@@ -237,21 +236,21 @@ def run(cfg: dict, run_dir: Path, position: Position) -> None:
         split.before_step(phase_step)
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        for _ in range(train["grad_accum"]):
-            ids = models.synthetic_batch(generator, train["micro_batch"], train["seq_len"], vocab, device)
+        for _ in range(train.grad_accum):
+            ids = models.synthetic_batch(generator, train.micro_batch, train.seq_len, vocab, device)
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
             monitor.end_segment("fwd_bwd")
             engine.step()
             monitor.end_segment("opt_step")
             loss_sum += loss.detach().float()
-        slow_down(cfg, step, rank)
+        slow_down(config.debug, step, rank)
         synchronize(device)  # the one sync per step: the time covers all queued device work
         step_time = time.perf_counter() - start
         split.after_step(phase, phase_step, step_time)
         diagnostics.after(step, device, run_dir)
         record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
-                               "loss": loss_sum.item() / train["grad_accum"], **monitor.step_stats(),
+                               "loss": loss_sum.item() / train.grad_accum, **monitor.step_stats(),
                                **host.step_stats(), **counters.step_values(), "traced": diagnostics.traces(step)})
         record = aggregate_over_ranks(record, device)
         arm.observe_step(record)
@@ -305,7 +304,7 @@ def write_error(run_dir: Path, kind: str, error: BaseException, details: dict | 
                {"kind": kind, "rank": rank, "message": f"{type(error).__name__}: {error}"[:2000], **(details or {})})
 
 
-def oom_details(error: BaseException, position: Position, env_cfg: dict) -> dict:
+def oom_details(error: BaseException, position: Position, env: EnvConfig) -> dict:
     """Where a rank ran out and by how much: the failing step and phase (or the build), the allocation asked for,
     and what the allocator held against its limit (the emulated size, else the real device) at that moment."""
     details = {"step": position.step, "phase": position.phase, "stage": position.stage,
@@ -313,7 +312,8 @@ def oom_details(error: BaseException, position: Position, env_cfg: dict) -> dict
                "reserved_bytes": None, "allocated_bytes": None, "free_bytes": None}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         device = torch.cuda.current_device()
-        limit = emulated_device.size_bytes(env_cfg) or torch.cuda.get_device_properties(device).total_memory
+        emulated = emulated_device.size_bytes(env.device_memory_gb)
+        limit = emulated or torch.cuda.get_device_properties(device).total_memory
         reserved = torch.cuda.memory_reserved(device)
         details.update(limit_bytes=limit, reserved_bytes=reserved, allocated_bytes=torch.cuda.memory_allocated(device),
                        free_bytes=max(0, limit - reserved))
@@ -322,13 +322,14 @@ def oom_details(error: BaseException, position: Position, env_cfg: dict) -> dict
 
 def main(argv: list[str] | None = None) -> None:
     run_dir = Path((argv or sys.argv[1:])[0])
-    cfg = runfiles.read_config(run_dir)
-    arms.admit_handed(cfg["arm"])  # an arm class outside the registry, which the driver admitted for this point
+    written = runfiles.read_config(run_dir)  # the driver validated it and settled its step counts
+    arms.admit_handed(written["arm"])  # an arm class outside the registry, which the driver admitted for this point
+    config = schema.typed(written, arms.from_config(written["arm"]))
     position = Position()
     try:
-        run(cfg, run_dir, position)
+        run(config, run_dir, position)
     except torch.OutOfMemoryError as error:
-        write_error(run_dir, "oom", error, oom_details(error, position, cfg["env"]))
+        write_error(run_dir, "oom", error, oom_details(error, position, config.env))
         traceback.print_exc()
         sys.exit(OOM_EXIT_CODE)
     except Exception as error:

@@ -2,9 +2,9 @@
 
 One dataclass per group (groups.py); the arm group's is the arm's own class (harness/arms/: its fields are its
 knobs), so each arm's knobs are checked by the arm that has them: the validation hands the schema that check
-(`check_values`) and the arm's phase starts (`check_rules`), and the schema never imports an arm. The validation,
-the offload pass and its runtime, the planner CLI and `harness bench` read allowed values from here (`choices`),
-never from a copy.
+(`check_values`) and the typed config with its arm (`typed`, then `check_rules`), and the schema never imports an
+arm. The validation, the offload pass and its runtime, the planner CLI and `harness bench` read allowed values from
+here (`choices`), never from a copy.
 
 Not registered with Hydra's ConfigStore, on purpose. The installed OmegaConf refuses `typing.Literal` field types,
 and a schema in the composed config would make Hydra refuse a bad value while composing, before this validation:
@@ -13,23 +13,21 @@ the harness records that point as `config_error` and goes on. So the dataclasses
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from harness.contract import protocol
 from harness.contract.errors import ConfigError
 
+from harness.contract.schema.config import GROUPS, Config, typed
 from harness.contract.schema.fields import columns, check_fields, choices, refuse_unknown_keys, rules
 from harness.contract.schema.groups import (BudgetConfig, DebugConfig, EnvConfig, Group, LauncherConfig, LoggerConfig,
                                    ModelConfig, OffloadConfig, SweepConfig, TrainConfig, budget_given)
 
-__all__ = ["GROUPS", "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",
+__all__ = ["GROUPS", "Config", "typed",
+           "BudgetConfig", "OffloadConfig", "TrainConfig", "ModelConfig", "DebugConfig", "EnvConfig",
            "LauncherConfig", "LoggerConfig", "SweepConfig", "check_group", "check_values", "check_rules",
            "budget_given", "choices", "config_columns", "pass_knobs"]
 
-GROUPS: dict[str, type[Group]] = {
-    "model": ModelConfig, "train": TrainConfig, "offload": OffloadConfig, "launcher": LauncherConfig,
-    "logger": LoggerConfig, "env": EnvConfig, "debug": DebugConfig, "sweep": SweepConfig,
-}
 
 
 def config_columns() -> dict[str, str]:
@@ -51,12 +49,14 @@ def check_values(cfg: Mapping[str, Any], check_arm: Callable[[Mapping[str, Any]]
         check_fields(name, group, cfg.get(name))
 
 
-def check_rules(cfg: Mapping[str, Any], phase_starts: Sequence[int]) -> None:
-    """The rules that tie keys together, once every value alone has passed (the arm's own: arms.Arm.check);
-    `phase_starts`, the steps where the arm's phases begin (Arm.phase_start_steps), settle the point's step count."""
+def check_rules(config: Config) -> None:
+    """The rules that tie keys together, once every value alone has passed (the arm's own: arms.Arm.check); the
+    steps where the arm's phases begin (Arm.phase_start_steps) settle the point's step count. The groups' rules
+    read the dict as written: they also check a group alone (check_group), as the planner's CLI hands it."""
     for group in GROUPS.values():
-        group.check(cfg)
-    DebugConfig.check_steps(cfg, protocol.step_counts(cfg["train"], phase_starts).total)
+        group.check(config.written)
+    steps = protocol.step_counts(config.train, config.arm.phase_start_steps(config)).total
+    DebugConfig.check_steps(config.written, steps)
 
 
 def check_group(name: str, cfg: Mapping[str, Any], part: type[Group] | None = None) -> None:

@@ -1,6 +1,8 @@
 """One dataclass per config group: each field is one key of conf/<group>/ (its default lives there), its type the
-values it allows (harness/contract/schema/fields.py says how to read them); `check` holds the rules that tie a group's keys
-together or to other groups', run once every value alone has passed. A new key is one field line here."""
+values it allows (harness/contract/schema/fields.py says how to read them), and the comment above it what it means
+(conf/ keeps the defaults only); `check` holds the rules that tie a group's keys together or to other groups', run
+once every value alone has passed. A new key is one field line here. The validation hands the driver, the ranks and
+the arms these dataclasses (schema/config.py: Config); they read fields, never the config's dict."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,18 +63,30 @@ class ModelConfig(Group):
 
 @dataclass(frozen=True)
 class TrainConfig(Group):
-    micro_batch: Annotated[int, POSITIVE_INT, COLUMN]
-    seq_len: Annotated[int, POSITIVE_INT, COLUMN]
-    warmup_steps: Annotated[int, COUNT, COLUMN]
+    """The training settings. Steps are optimizer steps, counted by the measurement protocol
+    (harness/contract/protocol.py): each phase's first step compiles (or warms up) and `warmup_steps` more follow, all
+    left out of the phase's statistics; the final phase then measures `measure_steps` steps. The total follows from
+    where the arm's final phase starts, so every arm measures as many."""
+    micro_batch: Annotated[int, POSITIVE_INT, COLUMN]  # sequences per rank per micro-step
+    seq_len: Annotated[int, POSITIVE_INT, COLUMN]  # tokens per sequence
+    warmup_steps: Annotated[int, COUNT, COLUMN]  # steps after each phase's compile step, left out of its statistics
+    # The final phase's measured steps (the CPU default is 3; GPU campaigns measure 20 or more). The driver settles
+    # it, and `steps`, before the point runs: config.yaml holds both.
     measure_steps: Annotated[Optional[int], POSITIVE_INT, COLUMN]
-    steps: Annotated[Optional[int], POSITIVE_INT, COLUMN]  # the total; null: from the arm's phases (harness/contract/protocol.py)
-    grad_accum: Annotated[int, POSITIVE_INT, COLUMN]
+    # The total instead (then measure_steps: null): the final phase measures what is left; null: from the arm's
+    # phases (harness/contract/protocol.py).
+    steps: Annotated[Optional[int], POSITIVE_INT, COLUMN]
+    grad_accum: Annotated[int, POSITIVE_INT, COLUMN]  # gradient accumulation steps per optimizer step
     dtype: Annotated[Literal["bf16", "fp16", "fp32"], COLUMN]
     lr: Annotated[float, POSITIVE]
-    seed: Annotated[int, Number(integer=True), COLUMN]
-    repeat: Annotated[int, COUNT, COLUMN]
+    seed: Annotated[int, Number(integer=True), COLUMN]  # model init and synthetic tokens
+    repeat: Annotated[int, COUNT, COLUMN]  # repeat index: run one point several times (-m train.repeat=0,1,2)
+    # ZeRO-3 optimizer sub-group size (elements; null: DeepSpeed's 1e9).
     sub_group_size: Annotated[Optional[float], WHOLE_ELEMENTS]
+    # ZeRO-3 gradient reduce bucket (elements; null: DeepSpeed's 5e8). DeepCompile holds two buckets of it in
+    # backward and a receive buffer of up to one on its reduce stream.
     reduce_bucket_size: Annotated[Optional[float], WHOLE_ELEMENTS]
+    # null: torch AdamW without CUDA (no fused-Adam build), DeepSpeed's fused Adam with it.
     torch_adam: Optional[bool]
 
     @classmethod
@@ -89,9 +103,12 @@ class TrainConfig(Group):
 
 @dataclass(frozen=True)
 class BudgetConfig(Group):
-    """The offload budget every offload arm plans against (resolved to bytes once, harness/contract/budget.py)."""
-    budget_gb: Annotated[Optional[float], Number(low=0), COLUMN]
+    """The memory budget every offload arm (ds_offload, offload) plans against, resolved to bytes once
+    (harness/contract/budget.py)."""
+    budget_gb: Annotated[Optional[float], Number(low=0), COLUMN]  # absolute budget, GB = 1e9 bytes
+    # A fraction of device memory; at most one of budget_gb and budget_fraction.
     budget_fraction: Annotated[Optional[float], Number(low=0, high=1), COLUMN]
+    # Auto budget = device total x (1 - margin), used when neither is set (DeepSpeed's rule).
     margin: Annotated[float, Number(low=0, high=1, high_open=True), COLUMN]
 
     @classmethod
@@ -110,17 +127,38 @@ def budget_given(offload: Mapping[str, Any]) -> bool:
 @dataclass(frozen=True)
 class OffloadConfig(BudgetConfig):
     """The offload group: the budget, then our pass's knobs (arm=offload; DeepSpeed's pass has them hard-wired)."""
+    # async | blocking (copy all out before forward, all back after backward).
     mode: Annotated[Literal["async", "blocking"], Column("offload_mode")]
     empty_cache: Annotated[Literal["never", "once_per_phase", "per_step"], COLUMN]
+    # split (separate D2H and H2D streams) | single (one copy stream, as DeepSpeed).
     streams: Annotated[Literal["split", "single"], COLUMN]
-    reload: Annotated[Literal["asap", "at_end"], COLUMN]
+    reload: Annotated[Literal["asap", "at_end"], COLUMN]  # asap (as soon as the cap allows in backward) | at_end
+    # When an offloaded state's device memory is reusable: recorded (record_stream: once the host sees its copy
+    # done) | ordered (the compute stream waits for the copy at a planned forward node, then frees it: reserved
+    # memory stays at the cap, compute may stall).
     release: Annotated[Literal["recorded", "ordered"], COLUMN]
+    # start (every state to the host before step 0; phase 0's optimizer step brings each sub-group in for its update
+    # and out again) | planning_step (first evicted at the planning step, as DeepSpeed's pass: phase 0 holds every
+    # state, so it needs the most memory).
     evict_from: Annotated[Literal["start", "planning_step"], COLUMN]
+    # Our pass with neither budget set: device_limit (the least offload whose predicted peak fits the device less
+    # the allocator overhead measured on the run and room for the step's largest request) | margin (the auto budget
+    # above); DeepSpeed's pass always takes the margin.
     auto_rule: Annotated[Literal["margin", "device_limit"], COLUMN]
+    # Our pass with a budget: step_model (the least offload whose predicted peak fits the budget and the device
+    # rule's limit) | deepspeed (states kept resident sized against the profile's forward peak, as DeepSpeed's pass:
+    # both arms move comparable bytes at one budget; campaigns recorded with it before step_model became the
+    # default pin it).
     budget_rule: Annotated[Literal["deepspeed", "step_model"], COLUMN]
+    # The device peak releases and asap reloads are planned under; null: the budget.
     peak_cap_gb: Annotated[Optional[float], Number(low=0), COLUMN]
-    compose: Annotated[Literal["none", "prefetch", "prefetch_selective_gather"], COLUMN]  # DeepCompile's passes beside ours
-    if_infeasible: Annotated[Literal["run", "refuse"], COLUMN]  # a plan predicted over its budget: run it, flagged
+    # DeepCompile's memory-spending passes beside ours: they run in our planning step, before our plan, which counts
+    # what they hold within the one budget.
+    compose: Annotated[Literal["none", "prefetch", "prefetch_selective_gather"], COLUMN]
+    # A plan whose predicted peak exceeds its budget: run (it runs, and summary.json's over_budget_bytes flags the
+    # point) | refuse (the point stops at the planning step, before the planned phase's step 0, recorded
+    # config_error naming the shortfall).
+    if_infeasible: Annotated[Literal["run", "refuse"], COLUMN]
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
@@ -134,47 +172,72 @@ class OffloadConfig(BudgetConfig):
 
 @dataclass(frozen=True)
 class LauncherConfig(Group):
-    nproc_per_node: Annotated[int, POSITIVE_INT, COLUMN]
-    nnodes: Annotated[int, POSITIVE_INT, COLUMN]
-    timeout_s: Annotated[float, POSITIVE]
+    """How a point's ranks start: torchrun on each node (the basic Hydra launcher runs the points one after
+    another; conf/launcher/slurm.yaml makes a sweep a SLURM job array)."""
+    nproc_per_node: Annotated[int, POSITIVE_INT, COLUMN]  # ranks (GPUs) per node
+    nnodes: Annotated[int, POSITIVE_INT, COLUMN]  # nodes per point; world size = nnodes x nproc_per_node
+    timeout_s: Annotated[float, POSITIVE]  # the driver kills a point that runs longer and records it as timeout
+    # ...or one that writes no new step for this long (null: off), counted from the first step; a phase's first
+    # step (a compile) is not charged to it, only to timeout_s.
     stall_timeout_s: Annotated[Optional[float], POSITIVE]
-    # No step within this long of the launch ends the point as `timeout` (null: off). Start-up, the model's build,
+    # ...or one that writes no step within this long of its launch (null: off): start-up, the model's build,
     # DeepSpeed's JIT op builds and the first step's compile all count: 900 s clears a cold GPU point (about 25 s of
     # start-up, 60-100 s of first compile) with minutes to spare for op builds on a fresh machine, and still ends
     # a point stuck before step 0 (on a build lock nobody releases, say) long before timeout_s.
     startup_timeout_s: Annotated[Optional[float], POSITIVE]
-    rdzv_backend: Optional[Literal["c10d", "static"]]  # null: torchrun --standalone
-    rdzv_endpoint: Optional[str]
+    # null: torchrun --standalone | c10d or static: a rendezvous (on localhost for one node; several nodes need
+    # static, which fixes each node's ranks by its SLURM node id: node K holds ranks K x nproc_per_node and up,
+    # torchrun --node_rank).
+    rdzv_backend: Optional[Literal["c10d", "static"]]
+    rdzv_endpoint: Optional[str]  # host:port; null: localhost and a free port (SLURM: the job's first host)
+    # null: a free port on one node; on several, 29500 + the SLURM job id mod 2000 (all nodes of a job agree on it).
     rdzv_port: Annotated[Optional[int], Number(low=1, high=65535, integer=True), SOMETIMES]
+    # The process-group (collective) timeout and the rendezvous join timeout: a dead rank or node ends the point
+    # as `died`.
     dist_timeout_min: Annotated[Optional[float], POSITIVE, SOMETIMES]
+    # SLURM: true, a preempted point goes back to the queue and runs again (earlier files -> attempts/N/); false,
+    # its job is submitted --no-requeue, so SLURM cannot run a recorded point again.
     requeue: Annotated[bool, SOMETIMES]
+    # Per GPU, for estimate_only=true's fit column (H200: 141); null: this machine's first GPU.
     gpu_memory_gb: Annotated[Optional[float], POSITIVE, SOMETIMES]
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"]  # the harness's logger (harness/contract/logs.py)
+    # The harness log lines shown (harness/contract/logs.py); ranks prefix theirs with [rank N].
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
 @dataclass(frozen=True)
 class LoggerConfig(Group):
-    name: Literal["wandb", "none"]
-    mode: Annotated[Literal["offline", "online", "disabled"], SOMETIMES]  # wandb's keys
+    """Where a point is mirrored besides its run files (the source of truth)."""
+    name: Literal["wandb", "none"]  # wandb: one W&B run per point (harness/driver/sinks.py)
+    # wandb's keys: offline by default (`wandb sync` later).
+    mode: Annotated[Literal["offline", "online", "disabled"], SOMETIMES]
     project: Annotated[Optional[str], SOMETIMES]
     entity: Annotated[Optional[str], SOMETIMES]
 
 
 @dataclass(frozen=True)
 class EnvConfig(Group):
-    pytorch_cuda_alloc_conf: Optional[str]
-    device_memory_gb: Annotated[Optional[float], POSITIVE, COLUMN]  # the emulated size (null: the real device)
+    pytorch_cuda_alloc_conf: Optional[str]  # the ranks' PYTORCH_CUDA_ALLOC_CONF (null: left as it is)
+    # Emulated device size, GB = 1e9 (null: the real device). Every rank behaves as if its GPU had this much memory
+    # from before the model is built: the caching allocator is capped there (an allocation past it is a real CUDA
+    # OOM, recorded `oom` with its step and phase) and DeepSpeed's accelerator reports it as the device's total to
+    # DeepCompile's passes and to the offload budget. Memory outside the allocator (CUDA context, NCCL) is not counted.
+    device_memory_gb: Annotated[Optional[float], POSITIVE, COLUMN]
+    # Ceiling on each rank's reserved device memory from the final phase's first step on, GB = 1e9 (null: none;
+    # earlier phases hold every optimizer state resident): a measurement tool, at most env.device_memory_gb. Past
+    # it the caching allocator gives back unused cached blocks (a device sync; counted in steps.jsonl's
+    # alloc_retries) instead of mapping more, so reserved memory cannot outgrow it; what still does not fit is an OOM.
     reserved_cap_gb: Annotated[Optional[float], POSITIVE]
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
-        check_emulated_size(cfg["env"], physical_bytes=None)  # the driver checks it against its GPU too
+        env = cfg["env"]  # the driver checks the size against its GPU too
+        check_emulated_size(env.get("device_memory_gb"), env.get("reserved_cap_gb"), physical_bytes=None)
 
 
-def check_emulated_size(env_cfg: Mapping[str, Any], physical_bytes: int | None) -> None:
-    """Refuse a size that cannot mean anything: not a finite number > 0, larger than the real device, or
-    smaller than the reserved-memory ceiling measured inside it."""
-    size = env_cfg.get("device_memory_gb")
+def check_emulated_size(size: Any, cap: Any, physical_bytes: int | None) -> None:
+    """Refuse an emulated device size (env.device_memory_gb) that cannot mean anything: not a finite number > 0,
+    larger than the real device, or smaller than the reserved-memory ceiling `cap` (env.reserved_cap_gb) measured
+    inside it."""
     if size is None:
         return
     if not (is_finite_number(size) and size > 0):
@@ -182,7 +245,6 @@ def check_emulated_size(env_cfg: Mapping[str, Any], physical_bytes: int | None) 
     if physical_bytes is not None and size * GB > physical_bytes:
         raise ConfigError("env.device_memory_gb", f"{size:g} GB is more than this device's "
                           f"{physical_bytes / GB:.2f} GB; an emulated device can only be smaller")
-    cap = env_cfg.get("reserved_cap_gb")
     if is_finite_number(cap) and cap > size:
         raise ConfigError("env.reserved_cap_gb", f"{cap:g} GB is above the emulated device "
                           f"(env.device_memory_gb={size:g}); a ceiling inside it must be smaller")
@@ -190,12 +252,20 @@ def check_emulated_size(env_cfg: Mapping[str, Any], physical_bytes: int | None) 
 
 @dataclass(frozen=True)
 class DebugConfig(Group):
+    """Fault injection, to exercise the failure paths for real (tests, fixtures), and looks inside one step."""
+    # The worker of global rank `fault_rank` SIGKILLs itself (kill), raises a CUDA out-of-memory error (oom) or
+    # hangs (hang) at optimizer step `fault_step`, or sleeps `fault_sleep_s` inside that step (slow); null: none.
     fault: Optional[Literal["kill", "oom", "hang", "slow"]]
     fault_step: Annotated[int, COUNT]
     fault_rank: Annotated[int, COUNT]
     fault_sleep_s: Annotated[float, Number(low=0)]
+    # Looks inside one optimizer step on rank 0 (harness/rank/diagnostics.py); that step's time is not a
+    # measurement. profile_step: a torch.profiler trace, torch_trace.json and torch_ops.txt (where the time goes);
+    # memory_trace_step: the caching allocator's history (CUDA), memory_snapshot.pickle and memory_trace.json.
     profile_step: Annotated[Optional[int], COUNT]
     memory_trace_step: Annotated[Optional[int], COUNT]
+    # Race stress for our pass (arm=offload): its copy streams spin this many microseconds on the device before
+    # each copy, so a missing stream wait turns into wrong losses instead of a lucky race (0: off).
     copy_delay_us: Annotated[int, Number(low=0, high=1_000_000, integer=True)]
 
     @classmethod
@@ -223,5 +293,8 @@ class DebugConfig(Group):
 class SweepConfig(Group):
     # the W&B group and the sweep folder's name: one folder under multirun/
     name: Annotated[str, PlainName(), Column("sweep_name")]
-    strict: bool  # true: a multirun exits 1 when a point is not ok (false: when a point left no summary)
-    reuse: bool  # true: a multirun's points reuse DeepCompile's profiles and compile caches (harness/rank/profile_cache.py)
+    strict: bool  # true: a multirun exits 1 when any point is not ok (false: only when one left no summary)
+    # true: a multirun's later points reuse the profiles DeepCompile made for an earlier point of the same key, and
+    # share inductor's and Triton's caches (harness/rank/profile_cache.py, README "On a GPU"). Off until
+    # tests/test_offload_gpu.py -k reuse has passed on a GPU.
+    reuse: bool
