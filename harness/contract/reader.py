@@ -22,7 +22,6 @@ import yaml
 from harness.contract import arm_targets, runfiles, safe_read
 from harness.contract.checks import is_finite_number, lookup
 from harness.contract.config_types import ArmClassOf, wrong_types
-from harness.contract.errors import ConfigError
 from harness.contract.retry_trace import RetryTrace, read_retry_trace
 from harness.contract.statuses import STATUSES
 
