@@ -172,8 +172,8 @@ def test_an_incomplete_profiling_run_is_not_kept(tmp_path, cfg):
     assert not list(cache.dir.glob("p0-*"))
 
 
-def test_reuse_is_off_by_default(cfg):
-    assert cfg["sweep"]["reuse"] is False
+def test_reuse_is_on_by_default(cfg):
+    assert cfg["sweep"]["reuse"] is True
 
 
 def test_reuse_needs_a_sweep_dir_and_the_knob(tmp_path, cfg, monkeypatch):

@@ -12,13 +12,16 @@
   - `pass_s`: of them, our pass's evict, snapshot and plan (the offload arm only);
   - the FX graph and AOTAutograd caches' hits and misses (torch's counters);
   a torch timer this torch does not have (names move between releases) stays null, as does one never started in
-  the process so far; one that ran before but not in this step is a measured 0;
+  the process so far; one that ran before but not in this step is a measured 0. Dynamo's reset (DeepCompile calls
+  it at its schedule's switch to the next phase) clears torch's records mid-run, so a step's share is read from the
+  records themselves (`timer_growth`), never as a difference of totals, which went negative across the reset;
 - after the steps: the machine readings up to writing worker.json (`after_steps_s`), and the process's
   whole life (`process_s`), so that the driver's wall time less it is torchrun's own start and end.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import psutil
@@ -36,14 +39,43 @@ def seconds_since_process_start() -> float:
     return time.time() - psutil.Process().create_time()
 
 
-def torch_timers() -> dict[str, float | None]:
-    """Torch's cumulative compile timers, seconds (None: not in this torch, or never started so far)."""
+@dataclass(frozen=True)
+class TimerMark:
+    """Where one of torch's compile timers stood: its live list of per-call seconds (None: never started so far)
+    and how many it held. Dynamo's reset empties the dict that holds these lists, and the next call starts a new
+    list, so the same list object means no reset since the mark."""
+    records: list[float] | None
+    count: int
+
+
+def torch_timer_records() -> dict[str, list[float] | None] | None:
+    """Torch's compile timers' live lists of per-call seconds by our name (a name's list None: never started so
+    far, or cleared since); None where this torch keeps no such records."""
     try:
         from torch._dynamo import utils
     except ImportError:
-        return dict.fromkeys(TORCH_TIMERS)
-    metrics = getattr(utils, "compilation_time_metrics", None) or {}
-    return {name: (float(sum(metrics[key])) if key in metrics else None) for name, key in TORCH_TIMERS.items()}
+        return None
+    metrics = getattr(utils, "compilation_time_metrics", None)
+    if metrics is None:
+        return None
+    return {name: metrics.get(key) for name, key in TORCH_TIMERS.items()}
+
+
+def mark_timers(records: dict[str, list[float] | None] | None) -> dict[str, TimerMark] | None:
+    if records is None:
+        return None
+    return {name: TimerMark(values, len(values or ())) for name, values in records.items()}
+
+
+def timer_growth(mark: TimerMark | None, now: list[float] | None) -> float | None:
+    """Seconds a timer gained since its mark: the records added to the same list, or, where Dynamo's reset
+    replaced the list meanwhile, every record of the new one (the reset comes before the phase's compile). A timer
+    that ran before but not since reads 0; one never started stays None."""
+    if now is None:
+        return 0.0 if mark is not None and mark.records else None
+    if mark is not None and now is mark.records:
+        return round(sum(now[mark.count:]), 3)
+    return round(sum(now), 3)
 
 
 def cache_counters() -> dict[str, int | None]:
@@ -83,6 +115,7 @@ class WallSplit:
         self.marks: dict[str, float] = {}
         self.first_steps: list[dict[str, Any]] = []
         self._before: dict[str, Any] = {}
+        self._timer_marks: dict[str, TimerMark] | None = None
         self._steps_end: float | None = None
 
     def mark(self, name: str) -> None:
@@ -90,21 +123,30 @@ class WallSplit:
         self.marks[name] = seconds_since_process_start()
 
     def _readings(self) -> dict[str, Any]:
+        """The cumulative readings other than torch's timers, which `_timers` reads from their records."""
         compiled = self.profiling_seconds is not None  # DeepCompile's numbers only where it compiles
-        return {**torch_timers(), "dc_passes_s": dc_pass_seconds() if compiled else None,
+        return {"dc_passes_s": dc_pass_seconds() if compiled else None,
                 "dc_profiling_s": sum(self.profiling_seconds().values()) if compiled else None,
                 "pass_s": self.pass_seconds(), **cache_counters()}
 
     def before_step(self, phase_step: int) -> None:
         if phase_step == 0:
             self._before = self._readings()
+            self._timer_marks = mark_timers(torch_timer_records())
+
+    def _timers(self) -> dict[str, float | None]:
+        records = torch_timer_records()
+        if records is None:
+            return dict.fromkeys(TORCH_TIMERS)
+        marks = self._timer_marks or {}
+        return {name: timer_growth(marks.get(name), now) for name, now in records.items()}
 
     def after_step(self, phase: int, phase_step: int, step_time_s: float) -> None:
         self._steps_end = time.perf_counter()
         if phase_step != 0:
             return
         after = self._readings()
-        self.first_steps.append({"phase": phase, "step_time_s": round(step_time_s, 3),
+        self.first_steps.append({"phase": phase, "step_time_s": round(step_time_s, 3), **self._timers(),
                                  **{name: _delta(self._before.get(name), value) for name, value in after.items()}})
 
     def facts(self) -> dict[str, Any]:

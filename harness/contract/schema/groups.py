@@ -295,6 +295,6 @@ class SweepConfig(Group):
     name: Annotated[str, PlainName(), Column("sweep_name")]
     strict: bool  # true: a multirun exits 1 when any point is not ok (false: only when one left no summary)
     # true: a multirun's later points reuse the profiles DeepCompile made for an earlier point of the same key, and
-    # share inductor's and Triton's caches (harness/rank/profile_cache.py, README "On a GPU"). Off until
-    # tests/test_offload_gpu.py -k reuse has passed on a GPU.
+    # share inductor's and Triton's caches (harness/rank/profile_cache.py, README "On a GPU"). On by default since
+    # tests/test_offload_gpu.py -k reuse passed on a GPU (a reused point plans as the same point run cold).
     reuse: bool
