@@ -7,6 +7,7 @@
     pytest -m gpu tests/test_offload_gpu.py -k compose             # composed with prefetch + selective gather at 12 GB
     pytest -m gpu tests/test_offload_gpu.py -k refused             # offload.if_infeasible=refuse at 2 GB (~2 min)
     pytest -m gpu tests/test_offload_gpu.py -k reuse               # 2 budgets in a sweep, reused, vs each cold: 4 runs
+    pytest -m gpu tests/test_offload_gpu.py -k stable              # the same sweep with stable graph ids: 2 more runs
 
 Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
 separate invocations share the deepcompile baseline. Run the points one at a time, never side by side on one GPU:
@@ -316,9 +317,9 @@ def test_an_infeasible_plan_is_refused_before_the_planned_phase_when_asked(runs_
 REUSE_BUDGETS = ("10", "11")
 
 
-def reuse_sweep(runs_dir: Path) -> dict[str, Path]:
+def reuse_sweep(runs_dir: Path, name: str = "offload_reuse_sweep", extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """budget -> run dir of the multirun (run once; reused by name when every point finished ok)."""
-    sweep_dir = runs_dir / "offload_reuse_sweep"
+    sweep_dir = runs_dir / name
     summaries = sorted(sweep_dir.glob("*/summary.json"))
     if len(summaries) < len(REUSE_BUDGETS) or any(json.loads(path.read_text())["status"] != "ok" for path in summaries):
         shutil.rmtree(sweep_dir, ignore_errors=True)  # an earlier partial sweep's cache would make the first point warm
@@ -326,7 +327,7 @@ def reuse_sweep(runs_dir: Path) -> dict[str, Path]:
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the sweep's own cache dir, under the sweep dir
         command = [sys.executable, "-m", "harness.run", "-m", *PROBE_AT_LIMIT, "arm=offload",
                    "env.device_memory_gb=12", "offload.budget_rule=step_model", "sweep.reuse=true",
-                   f"offload.budget_gb={','.join(REUSE_BUDGETS)}", f"hydra.sweep.dir={sweep_dir}"]
+                   f"offload.budget_gb={','.join(REUSE_BUDGETS)}", *extra, f"hydra.sweep.dir={sweep_dir}"]
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     points = {}
@@ -342,6 +343,12 @@ def lookups(run_dir: Path) -> tuple[int, int]:
     return sum(count["hit"] for count in counts), sum(count["miss"] for count in counts)
 
 
+def cold_run(runs_dir: Path, budget: str) -> Path:
+    return run_point(runs_dir, f"offload_cold_{budget}gb", ["arm=offload", "env.device_memory_gb=12",
+                                                          "offload.budget_rule=step_model", f"offload.budget_gb={budget}"],
+                     base=PROBE_AT_LIMIT)
+
+
 def test_a_point_that_reuses_the_sweeps_profiles_plans_as_a_cold_one_at_two_budgets(runs_dir):
     points = reuse_sweep(runs_dir)
     first, later = (points[budget] for budget in REUSE_BUDGETS)
@@ -350,11 +357,28 @@ def test_a_point_that_reuses_the_sweeps_profiles_plans_as_a_cold_one_at_two_budg
     keys = {read_json(run_dir, "summary.json")["profile_cache"]["key"] for run_dir in (first, later)}
     assert len(keys) == 1
     for budget in REUSE_BUDGETS:
-        cold = run_point(runs_dir, f"offload_cold_{budget}gb", ["arm=offload", "env.device_memory_gb=12",
-                                                               "offload.budget_rule=step_model",
-                                                               f"offload.budget_gb={budget}"], base=PROBE_AT_LIMIT)
+        cold = cold_run(runs_dir, budget)
         assert read_json(cold, "summary.json")["profile_cache"] is None  # a single run: cold
         swept = points[budget]
         assert read_json(swept, "plan.json")["offloaded"] == read_json(cold, "plan.json")["offloaded"], budget
         assert read_json(swept, "summary.json")["predicted_peak_bytes"] \
             == read_json(cold, "summary.json")["predicted_peak_bytes"], budget
+
+
+def first_step_counter(run_dir: Path, phase: int, name: str) -> int:
+    steps = read_json(run_dir, "summary.json")["wall_split"]["first_steps"]
+    return next(step for step in steps if step["phase"] == phase)[name] or 0
+
+
+def test_stable_graph_ids_let_the_later_point_hit_inductors_cache_and_change_nothing_it_computes(runs_dir):
+    """sweep.stable_graph_ids (harness/rank/graph_ids.py): the later point's phase-0 graphs hit the FX graph cache
+    the first point filled, and each point still plans and computes as the same budget run cold."""
+    points = reuse_sweep(runs_dir, "offload_stable_ids_sweep", ("sweep.stable_graph_ids=true",))
+    first, later = (points[budget] for budget in REUSE_BUDGETS)
+    assert read_json(later, "summary.json")["profile_cache"]["stable_graph_ids"] is True
+    assert first_step_counter(first, 0, "fx_graph_cache_hit") == 0
+    assert first_step_counter(later, 0, "fx_graph_cache_hit") > 0
+    for budget in REUSE_BUDGETS:
+        cold, swept = cold_run(runs_dir, budget), points[budget]
+        assert read_json(swept, "plan.json")["offloaded"] == read_json(cold, "plan.json")["offloaded"], budget
+        assert_same_losses(swept, cold)

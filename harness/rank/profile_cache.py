@@ -128,7 +128,12 @@ def open_for(config: schema.Config, run_dir: Path, rank: int, device_name: str |
         return None
     point_caches_at(sweep_dir, versions_now)
     # The key digests the groups as config.yaml holds them, so a key made before a schema change still matches.
-    return ProfileCache(sweep_dir, key_facts(config.written, versions_now), writes=rank == 0)
+    cache = ProfileCache(sweep_dir, key_facts(config.written, versions_now), writes=rank == 0)
+    if config.sweep.stable_graph_ids:  # so that inductor's FX graph cache can hit across the points too
+        from harness.rank import graph_ids
+
+        cache.stable_graph_ids = graph_ids.install()
+    return cache
 
 
 # --- one graph's fingerprint ----------------------------------------------------------------------------------
@@ -187,6 +192,7 @@ class ProfileCache:
         self.dir = sweep_dir / CACHE_DIR / "profiles" / self.key
         self.writes = writes
         self.facts = dict(facts)
+        self.stable_graph_ids = False  # graph_ids.install() ran: DeepCompile's graph ids are Dynamo's compile ids
         self.lookups: dict[int, dict[str, int]] = defaultdict(lambda: {"hit": 0, "miss": 0})
         self._seen: dict[tuple, int] = defaultdict(int)
         if writes:
@@ -211,9 +217,10 @@ class ProfileCache:
 
     def facts_for_worker(self) -> dict[str, Any]:
         """worker.json's profile_cache: the key (its facts are in key.json beside the entries) and, per phase,
-        the profiling runs reused (hit) and made (miss)."""
+        the profiling runs reused (hit) and made (miss), and whether graph ids were made stable."""
         return {"key": self.key, "dir": str(Path(CACHE_DIR) / "profiles" / self.key),
-                "lookups": {str(phase): dict(counts) for phase, counts in sorted(self.lookups.items())}}
+                "lookups": {str(phase): dict(counts) for phase, counts in sorted(self.lookups.items())},
+                "stable_graph_ids": self.stable_graph_ids}
 
 
 def _all_ranks_have(found: bool, interpreter) -> bool:

@@ -30,6 +30,7 @@ TORCH_TIMERS = {"dynamo_s": "_compile.compile_inner", "lazy_backward_s": "backwa
                 "inductor_s": "compile_fx_inner"}
 CACHE_COUNTERS = {"fx_graph_cache_hit": ("inductor", "fxgraph_cache_hit"),
                   "fx_graph_cache_miss": ("inductor", "fxgraph_cache_miss"),
+                  "fx_graph_cache_bypass": ("inductor", "fxgraph_cache_bypass"),  # a graph inductor would not key
                   "autograd_cache_hit": ("aot_autograd", "autograd_cache_hit"),
                   "autograd_cache_miss": ("aot_autograd", "autograd_cache_miss")}
 STARTUP_MARKS = ("imports_s", "process_group_s", "model_s", "engine_s")  # in the order the worker reaches them

@@ -298,3 +298,6 @@ class SweepConfig(Group):
     # share inductor's and Triton's caches (harness/rank/profile_cache.py, README "On a GPU"). On by default since
     # tests/test_offload_gpu.py -k reuse passed on a GPU (a reused point plans as the same point run cold).
     reuse: bool
+    # true (with reuse): DeepCompile's graph ids come from Dynamo's compile ids instead of the graphs' addresses, so
+    # inductor's FX graph cache can hit across the points (harness/rank/graph_ids.py). Off until its GPU test passes.
+    stable_graph_ids: bool
