@@ -1,5 +1,6 @@
-"""Reuse across the points of a sweep (`sweep.reuse`, off by default until its GPU test passes): DeepCompile's profiling runs, made once per
-graph and reused by every later point of the same key, and inductor's and Triton's caches in the sweep dir.
+"""Reuse across the points of a sweep (`sweep.reuse`, on by default since its GPU test passed): DeepCompile's
+profiling runs, made once per graph and reused by every later point of the same key, and inductor's and Triton's
+caches in the sweep dir.
 
 What is reused. DeepCompile profiles each graph it compiles by running it, node by node, many times
 (ProfilingInterpreter: node times and memory, inside the ZeRO-3 gather/release pass; MemoryProfilingInterpreter:
@@ -17,7 +18,8 @@ the whole pipeline, profiling included. Ranks agree on each hit (a collective), 
 together or run it together; rank 0 writes the entries (the interpreters reduce every value over the ranks).
 
 The inductor and Triton caches go to one directory per sweep and harness version (inductor's key does not cover
-our ops' Python code), so every point of a sweep shares them.
+our ops' Python code), so every point of a sweep shares them; their FX graph entries match across points only with
+`sweep.stable_graph_ids` (graph_ids.py).
 """
 from __future__ import annotations
 
