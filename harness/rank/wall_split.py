@@ -10,7 +10,7 @@
   - `dc_passes_s`: DeepCompile's passes (deepspeed.compile.backend.opt_pass_times), its profiling runs included;
   - `dc_profiling_s`: of them, DeepCompile's profiling runs (profile_cache wraps its two interpreters);
   - `pass_s`: of them, our pass's evict, snapshot and plan (the offload arm only);
-  - the FX graph and AOTAutograd caches' hits and misses (torch's counters);
+  - the FX graph cache's hits, misses and bypasses, the AOTAutograd cache's hits and misses (torch's counters);
   a torch timer this torch does not have (names move between releases) stays null, as does one never started in
   the process so far; one that ran before but not in this step is a measured 0. Dynamo's reset (DeepCompile calls
   it at its schedule's switch to the next phase) clears torch's records mid-run, so a step's share is read from the
@@ -63,6 +63,7 @@ def torch_timer_records() -> dict[str, list[float] | None] | None:
 
 
 def mark_timers(records: dict[str, list[float] | None] | None) -> dict[str, TimerMark] | None:
+    """Each timer's mark now (None where this torch keeps no records)."""
     if records is None:
         return None
     return {name: TimerMark(values, len(values or ())) for name, values in records.items()}
