@@ -298,3 +298,8 @@ class SweepConfig(Group):
     # share inductor's and Triton's caches (harness/rank/profile_cache.py, README "On a GPU"). Off until
     # tests/test_offload_gpu.py -k reuse has passed on a GPU.
     reuse: bool
+    # true: a point whose run dir holds an earlier attempt that ended ok, with the same config (the launcher's
+    # timeouts and log level, sweep.strict and this key aside) and the same code, libraries and GPU model, is kept,
+    # not run again (harness/driver/resume.py): a campaign longer than one call goes on with the same command and
+    # hydra.sweep.dir. false: every point runs, an earlier attempt moved to attempts/N/.
+    resume: bool
