@@ -15,6 +15,9 @@ What is compared, and why each:
   fresh machine of the same kind). Where git names no commit (no checkout), nothing tells two versions apart,
   so the point runs again.
 Anything that cannot be read or checked runs again: the attempt that runs then records what went wrong.
+The verdict comes before the attempt starts, so nothing is set aside unless the point runs; its config is checked
+for the verdict only where the earlier attempt ended ok, and again, as always, when the point runs. Every node of a
+multi-node point reads the same files and reaches the same verdict.
 """
 from __future__ import annotations
 
