@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness import arms  # noqa: E402
 from harness.config import compose  # noqa: E402
-from harness.driver import console, estimate, launch, progress, signals  # noqa: E402
+from harness.driver import console, estimate, launch, progress, resume, signals  # noqa: E402
 from harness.rank import emulated_device, machine  # noqa: E402
 from harness.contract import exits, logs, protocol, runfiles, safe_read, schema  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
@@ -228,8 +228,12 @@ def resolved_or_written(cfg: DictConfig) -> tuple[dict, ConfigError | None]:
 
 
 def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
-    """Validate, run and record one point (node 0 records it); returns its status."""
+    """Validate, run and record one point (node 0 records it), or, with sweep.resume=true, keep its earlier ok
+    attempt; returns its status."""
     known, unresolved = resolved_or_written(cfg)
+    if unresolved is None and resume.requested(known) and \
+            resume.keeps_earlier_attempt(run_dir, lambda: checked_config(known, place)):
+        return "ok"  # its earlier attempt's files stand, unchanged (harness/driver/resume.py)
     if place.primary:
         start_attempt(run_dir, cfg)
     config, error = None, unresolved

@@ -1,6 +1,6 @@
 """The driver's console: the lines a person running the harness reads (the point's status and phase table, a
-refused config, where a stopped point's files are). Everything else the harness says goes through its logger
-(harness/contract/logs.py)."""
+refused config, where a stopped point's files are, a point a resumed sweep kept). Everything else the harness says
+goes through its logger (harness/contract/logs.py)."""
 from __future__ import annotations
 
 import sys

@@ -301,3 +301,8 @@ class SweepConfig(Group):
     # true (with reuse): DeepCompile's graph ids come from Dynamo's compile ids instead of the graphs' addresses, so
     # inductor's FX graph cache can hit across the points (harness/rank/graph_ids.py). Off until its GPU test passes.
     stable_graph_ids: bool
+    # true: a point whose run dir holds an earlier attempt that ended ok, with the same config (the launcher's
+    # timeouts and log level, sweep.strict and this key aside) and the same code, libraries and GPU model, is kept,
+    # not run again (harness/driver/resume.py): a campaign longer than one call goes on with the same command and
+    # hydra.sweep.dir. false: every point runs, an earlier attempt moved to attempts/N/.
+    resume: bool
