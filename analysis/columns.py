@@ -8,11 +8,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from analysis.wall_split import SPLIT_COLUMNS, split_columns
+from analysis.wall_split import COMPILE_COLUMNS, SPLIT_COLUMNS, split_columns
 from harness.arms import known_class
 from harness.contract import schema
 from harness.contract.checks import lookup
 from harness.contract.arm_targets import TARGET
+from harness.contract.profiled_step import ProfiledStep
 from harness.contract.retry_trace import RETRY_READINGS, RetryTrace
 
 # Config keys the analysis names by a short column: the arm's name, then every key the schema marks as a column
@@ -38,9 +39,12 @@ OVER_BUDGET = "over_budget_bytes"  # summary.json's, or worked out for a summary
 TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS = "traced_retries", "traced_retries_listed", "traced_largest_miss_bytes"
 TRACED_READING_COLUMNS = {reading: f"traced_{reading}" for reading in RETRY_READINGS}
 TRACE_COLUMNS = (TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS, *TRACED_READING_COLUMNS.values())
+# torch_trace.json's profiled step (harness/contract/profiled_step.py): profiled_<field>, seconds and calls
+PROFILED_COLUMNS = {field.name: f"profiled_{field.name}" for field in fields(ProfiledStep)}
 RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", OVER_BUDGET,
                             *SUMMARY_SCALARS,
-                            *PLAN_COLUMNS, *SPLIT_COLUMNS, *TRACE_COLUMNS,
+                            *PLAN_COLUMNS, *SPLIT_COLUMNS, *TRACE_COLUMNS, *COMPILE_COLUMNS,
+                            *PROFILED_COLUMNS.values(),
                             *OOM_COLUMNS, "steady_reasons", "machine_flags"))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout, how many
@@ -59,6 +63,11 @@ def retry_trace_row(trace: RetryTrace) -> dict[str, Any]:
     """A traced point's retry columns."""
     return {TRACED_RETRIES: trace.retries, TRACED_LISTED: trace.listed, TRACED_LARGEST_MISS: trace.largest_miss_bytes,
             **{column: trace.readings[reading] for reading, column in TRACED_READING_COLUMNS.items()}}
+
+
+def profiled_step_row(step: ProfiledStep) -> dict[str, Any]:
+    """A profiled point's columns."""
+    return {column: getattr(step, name) for name, column in PROFILED_COLUMNS.items()}
 
 
 def is_config_column(column: str) -> bool:

@@ -15,7 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.columns import OVER_BUDGET, cell_value, config_row, recorded_auto_rule, retry_trace_row, summary_row
+from analysis.columns import OVER_BUDGET, cell_value, config_row, profiled_step_row, recorded_auto_rule, \
+    retry_trace_row, summary_row
+from analysis.wall_split import compile_columns
 from harness.arms import known_class
 from harness.contract.budget import recorded_over_budget_bytes
 from harness.contract.reader import Problem, RunFiles, SweepFiles, read_sweep
@@ -94,6 +96,9 @@ def _point_row(sweep_dir: Path, point: RunFiles, override_keys: list[str]) -> di
     row[OVER_BUDGET] = recorded_over_budget_bytes(point.summary, point.steps)
     if point.retry_trace is not None:  # only traced points get these columns: other sweeps' frames stay as they were
         row.update(retry_trace_row(point.retry_trace))
+    if point.profiled_step is not None:  # the same for a profiled step, and for compile counters (compile_columns)
+        row.update(profiled_step_row(point.profiled_step))
+    row.update(compile_columns(point.summary))
     return row
 
 

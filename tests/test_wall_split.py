@@ -93,3 +93,38 @@ def test_our_passes_add_up_their_seconds():
     timed = schedule._timed(offload_pass, lambda *args: sum(args))
     assert timed(1, 2) == 3 and timed(3) == 3
     assert offload_pass.pass_seconds > 0
+
+
+def test_dynamos_counters_say_what_a_phases_first_step_compiled_and_what_later_steps_compiled_again():
+    """On this torch, for real: a graph break in the compile step, then a recompile (a new rank of input) in a later
+    step, which is what the later_compiles block exists to catch; Dynamo's reset between them loses no count."""
+    import torch
+    import torch._dynamo
+
+    def with_a_break(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    compiled = torch.compile(with_a_break, backend="eager")
+    split = WallSplit()
+    inputs = {0: torch.ones(3), 1: torch.ones(3), 2: torch.ones(3), 3: torch.ones(2, 2)}  # step 3: a new rank
+    for step, (phase, phase_step) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        split.before_step(phase_step)
+        if step == 2:
+            torch._dynamo.reset()  # as DeepCompile does at its switch to the next phase: the next call compiles
+        compiled(inputs[step])
+        split.after_step(phase, phase_step, step_time_s=1.0)
+    facts = split.facts()
+    first, second = facts["first_steps"]
+    assert first["graph_breaks"] >= 1 and first["graphs"] >= 2 and first["frames"] >= 2  # the frame and its resume
+    assert second["graph_breaks"] >= 1 and second["frames"] >= 2  # compiled again after the reset
+    assert facts["later_compiles"]["frames"] >= 1 and facts["later_compiles"]["graphs"] >= 1
+
+
+def test_the_compile_counters_stay_null_until_a_phase_has_had_its_first_step():
+    split = WallSplit()
+    assert split.facts()["later_compiles"] is None
+    split.before_step(0)
+    split.after_step(0, 0, 0.5)
+    assert split.facts()["later_compiles"] == {"graphs": 0, "frames": 0, "graph_breaks": 0}

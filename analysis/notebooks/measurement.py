@@ -27,6 +27,7 @@ out_dir = "report"
 # %%
 from analysis import comparison_figures
 from analysis.measurement import comparison_table, measurement_table, retry_table
+from analysis.nothing_to_move import has_nothing_to_move, nothing_to_move_table
 from analysis.retry_causes import has_retry_traces, retry_cause_table
 from analysis.wall_time import wall_time_table
 from analysis.notebook import open_report
@@ -58,6 +59,14 @@ comparisons = comparison_table(report.points, report.steps)
 if not comparisons.values.empty:
     report.table(comparisons)
 comparisons.display
+
+# %% [markdown]
+# Where our pass's time goes when it has nothing to move (where such a point profiled a step): ours against
+# DeepCompile per device size, with the retries, copy stalls, compiles and the profiled step's host time by part.
+
+# %%
+if has_nothing_to_move(report.points):
+    report.table(nothing_to_move_table(report.points, report.steps))
 
 # %% [markdown]
 # Where the device time went: per point, the rank's start-up, the compile steps, the other steps and the rest of

@@ -22,6 +22,7 @@ import yaml
 from harness.contract import arm_targets, runfiles, safe_read
 from harness.contract.checks import is_finite_number, lookup
 from harness.contract.config_types import ArmClassOf, wrong_types
+from harness.contract.profiled_step import ProfiledStep, read_profiled_step
 from harness.contract.retry_trace import RetryTrace, read_retry_trace
 from harness.contract.statuses import STATUSES
 
@@ -61,6 +62,7 @@ class RunFiles:
     steps: list[dict]
     plan: PlanFacts | None = None  # our pass's plan.json, where the point planned
     retry_trace: RetryTrace | None = None  # memory_trace.json's retries, where a step was traced
+    profiled_step: ProfiledStep | None = None  # torch_trace.json's time by where it went, where a step was profiled
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ def read_point(sweep_dir: Path, run_dir: str, overrides: list[str], problems: li
     steps = read_steps(path / runfiles.STEPS, summary.get("steps_completed"), problems, root=sweep_dir)
     plan = read_plan(path / runfiles.PLAN, problems, root=sweep_dir)
     return RunFiles(run_dir, overrides, config, summary, env, steps, plan,
-                    read_retries(path / runfiles.MEMORY_TRACE, problems, root=sweep_dir))
+                    read_retries(path / runfiles.MEMORY_TRACE, problems, root=sweep_dir),
+                    read_profile(path / runfiles.TORCH_TRACE, problems, root=sweep_dir))
 
 
 def read_retries(trace_file: Path, problems: list[Problem], root: Path | None = None) -> RetryTrace | None:
@@ -125,6 +128,18 @@ def read_retries(trace_file: Path, problems: list[Problem], root: Path | None = 
         problems.append(Problem(error.file, f"{error.message}; retry causes left empty"))
     except (OSError, ValueError) as error:  # not JSON, or NotARetryTrace
         problems.append(Problem(str(trace_file), f"{error}; retry causes left empty"))
+    return None
+
+
+def read_profile(trace_file: Path, problems: list[Problem], root: Path | None = None) -> ProfiledStep | None:
+    """The profiled step's time by where it went (harness/contract/profiled_step.py); None without the file or,
+    with one line naming it, for a file that is not a Chrome trace."""
+    try:
+        return read_profiled_step(trace_file, root)
+    except safe_read.RefusedFile as error:
+        problems.append(Problem(error.file, f"{error.message}; profiled-step columns left empty"))
+    except (OSError, ValueError) as error:  # not JSON, or NotAProfiledStep
+        problems.append(Problem(str(trace_file), f"{error}; profiled-step columns left empty"))
     return None
 
 

@@ -11,10 +11,14 @@
   - `dc_profiling_s`: of them, DeepCompile's profiling runs (profile_cache wraps its two interpreters);
   - `pass_s`: of them, our pass's evict, snapshot and plan (the offload arm only);
   - the FX graph cache's hits, misses and bypasses, the AOTAutograd cache's hits and misses (torch's counters);
+  - Dynamo's compile counters (`compile_counters`): graphs made, frames converted (a recompile converts its frame
+    again) and graph breaks, which Dynamo's reset leaves as they were;
   a torch timer this torch does not have (names move between releases) stays null, as does one never started in
   the process so far; one that ran before but not in this step is a measured 0. Dynamo's reset (DeepCompile calls
   it at its schedule's switch to the next phase) clears torch's records mid-run, so a step's share is read from the
   records themselves (`timer_growth`), never as a difference of totals, which went negative across the reset;
+- `later_compiles`: the compile counters' growth after the last phase's first step (its warm-up, measured and
+  debug steps), where a recompile or a new graph break is paid in measured time (null before that first step);
 - after the steps: the machine readings up to writing worker.json (`after_steps_s`), and the process's
   whole life (`process_s`), so that the driver's wall time less it is torchrun's own start and end.
 """
@@ -33,6 +37,9 @@ CACHE_COUNTERS = {"fx_graph_cache_hit": ("inductor", "fxgraph_cache_hit"),
                   "fx_graph_cache_bypass": ("inductor", "fxgraph_cache_bypass"),  # a graph inductor would not key
                   "autograd_cache_hit": ("aot_autograd", "autograd_cache_hit"),
                   "autograd_cache_miss": ("aot_autograd", "autograd_cache_miss")}
+# Dynamo's counters (torch._dynamo.utils.counters, group and key); tests/test_wall_split.py checks them on its torch.
+COMPILE_COUNTERS = {"graphs": ("stats", "unique_graphs"), "frames": ("frames", "total")}
+GRAPH_BREAKS = "graph_break"  # a group of its own: one count per break reason
 STARTUP_MARKS = ("imports_s", "process_group_s", "model_s", "engine_s")  # in the order the worker reaches them
 
 
@@ -89,6 +96,17 @@ def cache_counters() -> dict[str, int | None]:
             for name, (group, key) in CACHE_COUNTERS.items()}
 
 
+def compile_counters() -> dict[str, int | None]:
+    """Graphs, frames and graph breaks Dynamo has counted in this process (0 before its first compile; None where
+    this torch has no counters)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return dict.fromkeys((*COMPILE_COUNTERS, "graph_breaks"))
+    read = {name: int(counters.get(group, {}).get(key, 0)) for name, (group, key) in COMPILE_COUNTERS.items()}
+    return {**read, "graph_breaks": int(sum(counters.get(GRAPH_BREAKS, {}).values()))}
+
+
 def dc_pass_seconds() -> float | None:
     """DeepCompile's cumulative pass time (None where this DeepSpeed keeps no opt_pass_times)."""
     try:
@@ -119,6 +137,7 @@ class WallSplit:
         self._before: dict[str, Any] = {}
         self._timer_marks: dict[str, TimerMark] | None = None
         self._steps_end: float | None = None
+        self._after_first_step: dict[str, int | None] | None = None  # the last phase's, at its end
 
     def mark(self, name: str) -> None:
         """The end of a start-up part (STARTUP_MARKS), as seconds since the process began."""
@@ -129,7 +148,7 @@ class WallSplit:
         compiled = self.profiling_seconds is not None  # DeepCompile's numbers only where it compiles
         return {"dc_passes_s": dc_pass_seconds() if compiled else None,
                 "dc_profiling_s": sum(self.profiling_seconds().values()) if compiled else None,
-                "pass_s": self.pass_seconds(), **cache_counters()}
+                "pass_s": self.pass_seconds(), **cache_counters(), **compile_counters()}
 
     def before_step(self, phase_step: int) -> None:
         if phase_step == 0:
@@ -148,6 +167,7 @@ class WallSplit:
         if phase_step != 0:
             return
         after = self._readings()
+        self._after_first_step = {name: after[name] for name in (*COMPILE_COUNTERS, "graph_breaks")}
         self.first_steps.append({"phase": phase, "step_time_s": round(step_time_s, 3), **self._timers(),
                                  **{name: _delta(self._before.get(name), value) for name, value in after.items()}})
 
@@ -161,5 +181,7 @@ class WallSplit:
             else:
                 startup[name] = None
         after_steps = None if self._steps_end is None else round(time.perf_counter() - self._steps_end, 3)
-        return {**startup, "first_steps": self.first_steps, "after_steps_s": after_steps,
+        later = None if self._after_first_step is None else {
+            name: _delta(self._after_first_step[name], value) for name, value in compile_counters().items()}
+        return {**startup, "first_steps": self.first_steps, "later_compiles": later, "after_steps_s": after_steps,
                 "process_s": round(seconds_since_process_start(), 3)}
