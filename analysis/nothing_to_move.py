@@ -89,7 +89,7 @@ def _ratio(point: tuple[dict, list], bases: Sequence[tuple[dict, list]], shared:
 
 
 def _ms(seconds: Any) -> str:
-    return NOT_APPLICABLE if is_missing(seconds) else f"{seconds * 1e3:.1f}"
+    return NOT_APPLICABLE if is_missing(seconds) else format_number(seconds * 1e3)
 
 
 def _device_cell(size: Any) -> str:

@@ -163,3 +163,17 @@ def test_each_campaign_point_profiles_a_step_of_its_final_phase_and_still_measur
     assert counts.first_measured <= profiled < counts.total
     assert counts.measured - 1 >= 20  # the profiled step is not a measured one
     assert config.offload.budget_gb is None and config.offload.budget_fraction is None  # ours: the device rule
+
+
+@pytest.mark.slow
+def test_the_report_writes_the_table_for_such_a_sweep(two_by_two, tmp_path):
+    import contextlib
+    import io
+
+    from analysis.report import main as report_main
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as stderr:
+        status = report_main([str(two_by_two), "--out", str(tmp_path / "report")])
+    assert status == 0, stderr.getvalue()
+    table = (tmp_path / "report" / "tables" / "nothing_to_move.md").read_text()
+    assert "1.285× [1.117, 1.362]" in table and "16 GB (emulated)" in table
