@@ -66,7 +66,7 @@ def _pooled_median(runs: Sequence[pd.DataFrame], column: str) -> float | None:
 
 
 def _point_values(row: Mapping[str, Any], group: pd.DataFrame, runs: Sequence[pd.DataFrame]) -> dict[str, Any]:
-    times = [run["step_time_s"].astype(float).tolist() for run in runs]
+    times = _step_times(runs)
     interval = stats.runs_interval(times)
     values = {"arm": row["arm"], DEVICE: row.get(DEVICE), "n_runs": len(group), "n_ok": len(runs),
               "step_time_s": stats.median_of_runs(times) if times else None,
@@ -116,29 +116,33 @@ def _cells(values: Mapping[str, Any], label: str, ratio: stats.Ratio | None) -> 
     return cells
 
 
+CAPTION = ("Our pass where it planned nothing to move against DeepCompile without offload, per device size "
+           "(emulated by env.device_memory_gb, or the real card): the median over runs of each run's median step time "
+           "with its 95% interval, and ours over DeepCompile at the same workload and device size with its interval; "
+           "per measured step, the median allocator retries and copy-stream stall; Dynamo's graphs and graph breaks "
+           "over the run and its frames compiled after the final phase's compile step (recompiles); the profiled "
+           "step (debug.profile_step, not a measured step), median over runs: its span, the device's busy time, and "
+           "host time (calls) in device synchronisations, the allocator (cudaMalloc/cudaFree and expandable "
+           "segments' mappings), our custom ops and ATen calls outside compiled code.")
+
+
+def _step_times(runs: Sequence[pd.DataFrame]) -> list[list[float]]:
+    return [run["step_time_s"].astype(float).tolist() for run in runs]
+
+
 def nothing_to_move_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     """One row per design point of the compared points, in the tables' order; ours carries its ratio."""
     compared = compared_points(points)
     points_design = design(compared)
     by_point = steps_by_design_point(compared, steps)
     shared = [column for column in WORKLOAD_COLUMNS if column in compared]
-    bases = [(row, [run["step_time_s"].astype(float).tolist() for run in runs])
-             for row, _, _, runs in by_point if row["arm"] in _references()]
-    rows, lines = [], []
-    for row, _, group, runs in by_point:
-        values = _point_values(row, group, runs)
-        times = [run["step_time_s"].astype(float).tolist() for run in runs]
-        ratio = _ratio((row, times), bases, shared) if row["arm"] in _ours() else None
-        rows.append({**values, "ratio": ratio and ratio.ratio, "ratio_low": ratio and ratio.low,
-                     "ratio_high": ratio and ratio.high})
-        lines.append(_cells(values, points_design.label(row, leave_out=[DEVICE]), ratio))
-    return Table("nothing_to_move", pd.DataFrame(rows), display_frame(lines),
-                 caption="Our pass where it planned nothing to move against DeepCompile without offload, per device "
-                         "size (emulated by env.device_memory_gb, or the real card): the median over runs of each "
-                         "run's median step time with its 95% interval, and ours over DeepCompile at the same workload "
-                         "and device size with its interval; per measured step, the median allocator retries and "
-                         "copy-stream stall; Dynamo's graphs and graph breaks over the run and its frames compiled "
-                         "after the final phase's compile step (recompiles); the profiled step (debug.profile_step, "
-                         "not a measured step), median over runs: its span, the device's busy time, and host time "
-                         "(calls) in device synchronisations, the allocator (cudaMalloc/cudaFree and expandable "
-                         "segments' mappings), our custom ops and ATen calls outside compiled code.")
+    bases = [(row, _step_times(runs)) for row, _, _, runs in by_point if row["arm"] in _references()]
+    ratios = [_ratio((row, _step_times(runs)), bases, shared) if row["arm"] in _ours() else None
+              for row, _, _, runs in by_point]
+    values = [_point_values(row, group, runs) for row, _, group, runs in by_point]
+    return Table("nothing_to_move",
+                 pd.DataFrame([{**point, "ratio": ratio and ratio.ratio, "ratio_low": ratio and ratio.low,
+                                "ratio_high": ratio and ratio.high} for point, ratio in zip(values, ratios)]),
+                 display_frame([_cells(point, points_design.label(row, leave_out=[DEVICE]), ratio)
+                                for point, (row, *_), ratio in zip(values, by_point, ratios)]),
+                 caption=CAPTION)

@@ -146,8 +146,4 @@ def profiled_step(trace: Any) -> ProfiledStep:
 def read_profiled_step(path: Path, root: Path | None = None) -> ProfiledStep | None:
     """The profiled step of a run dir's torch_trace.json, None without the file; safe_read.RefusedFile, OSError,
     ValueError (not JSON) or NotAProfiledStep for a file that is not one."""
-    try:
-        trace = safe_read.read_json(path, root)
-    except FileNotFoundError:
-        return None
-    return profiled_step(trace)
+    return safe_read.read_optional_json(path, root, profiled_step)

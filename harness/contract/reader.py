@@ -12,10 +12,10 @@ and the sweep index all read a sweep dir through this one reader, which
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -26,6 +26,7 @@ from harness.contract.profiled_step import ProfiledStep, read_profiled_step
 from harness.contract.retry_trace import RetryTrace, read_retry_trace
 from harness.contract.statuses import STATUSES
 
+Facts = TypeVar("Facts")
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
 # What made our pass's plan (plan.json's `rule`): a budget as DeepSpeed sizes it, the step model within a budget, or
 # the device rule without one. Plans from before the device rule name no rule.
@@ -115,31 +116,21 @@ def read_point(sweep_dir: Path, run_dir: str, overrides: list[str], problems: li
     steps = read_steps(path / runfiles.STEPS, summary.get("steps_completed"), problems, root=sweep_dir)
     plan = read_plan(path / runfiles.PLAN, problems, root=sweep_dir)
     return RunFiles(run_dir, overrides, config, summary, env, steps, plan,
-                    read_retries(path / runfiles.MEMORY_TRACE, problems, root=sweep_dir),
-                    read_profile(path / runfiles.TORCH_TRACE, problems, root=sweep_dir))
+                    read_recorded(read_retry_trace, path / runfiles.MEMORY_TRACE, problems, sweep_dir, "retry causes"),
+                    read_recorded(read_profiled_step, path / runfiles.TORCH_TRACE, problems, sweep_dir,
+                                  "profiled-step columns"))
 
 
-def read_retries(trace_file: Path, problems: list[Problem], root: Path | None = None) -> RetryTrace | None:
-    """The traced step's retries (harness/contract/retry_trace.py); None without the file or, with one line naming
-    it, for a file that is not a memory trace."""
+def read_recorded(read: Callable[[Path, Path | None], Facts | None], recorded_file: Path, problems: list[Problem],
+                  root: Path | None, columns: str) -> Facts | None:
+    """What a debug recorder's file says (`read`: retry_trace.read_retry_trace, profiled_step.read_profiled_step);
+    None without the file or, with one line naming it and the `columns` left empty, for a file that is not one."""
     try:
-        return read_retry_trace(trace_file, root)
+        return read(recorded_file, root)
     except safe_read.RefusedFile as error:
-        problems.append(Problem(error.file, f"{error.message}; retry causes left empty"))
-    except (OSError, ValueError) as error:  # not JSON, or NotARetryTrace
-        problems.append(Problem(str(trace_file), f"{error}; retry causes left empty"))
-    return None
-
-
-def read_profile(trace_file: Path, problems: list[Problem], root: Path | None = None) -> ProfiledStep | None:
-    """The profiled step's time by where it went (harness/contract/profiled_step.py); None without the file or,
-    with one line naming it, for a file that is not a Chrome trace."""
-    try:
-        return read_profiled_step(trace_file, root)
-    except safe_read.RefusedFile as error:
-        problems.append(Problem(error.file, f"{error.message}; profiled-step columns left empty"))
-    except (OSError, ValueError) as error:  # not JSON, or NotAProfiledStep
-        problems.append(Problem(str(trace_file), f"{error}; profiled-step columns left empty"))
+        problems.append(Problem(error.file, f"{error.message}; {columns} left empty"))
+    except (OSError, ValueError) as error:  # not JSON, or not what `read` reads
+        problems.append(Problem(str(recorded_file), f"{error}; {columns} left empty"))
     return None
 
 

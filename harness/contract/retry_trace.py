@@ -60,11 +60,7 @@ def retry_trace(trace: Any) -> RetryTrace:
 def read_retry_trace(path: Path, root: Path | None = None) -> RetryTrace | None:
     """The retry record of a run dir's memory_trace.json, None without the file; safe_read.RefusedFile, OSError,
     ValueError (not JSON) or NotARetryTrace for a file that is not one."""
-    try:
-        trace = safe_read.read_json(path, root)
-    except FileNotFoundError:
-        return None
-    return retry_trace(trace)
+    return safe_read.read_optional_json(path, root, retry_trace)
 
 
 def _whole(value: Any) -> bool:

@@ -14,7 +14,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import yaml
 
@@ -100,6 +100,19 @@ def read_json(path: str | Path, root: str | Path | None = None, max_bytes: int =
 
 def read_yaml(path: str | Path, root: str | Path | None = None, max_bytes: int = MAX_FILE_BYTES) -> Any:
     return parse_yaml(read_text(path, root, max_bytes), path)
+
+
+Facts = TypeVar("Facts")
+
+
+def read_optional_json(path: str | Path, root: str | Path | None, facts: Callable[[Any], Facts]) -> Facts | None:
+    """What `facts` makes of an optional run file's JSON (a debug recorder's), None where the file is missing;
+    RefusedFile, OSError or ValueError (not JSON, or whatever `facts` raises) for one that is not readable."""
+    try:
+        data = read_json(path, root)
+    except FileNotFoundError:
+        return None
+    return facts(data)
 
 
 def _check_depth(data: Any, file: str | Path) -> None:
