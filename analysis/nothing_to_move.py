@@ -65,6 +65,11 @@ def _pooled_median(runs: Sequence[pd.DataFrame], column: str) -> float | None:
     return _median([value for run in runs if column in run for value in run[column]])
 
 
+def _calls_per_run(runs: Sequence[pd.DataFrame], column: str) -> float | None:
+    """The median over runs of a counter's sum over each run's measured steps (None where no run counted it)."""
+    return _median([run[column].sum() for run in runs if column in run and run[column].notna().any()])
+
+
 def _point_values(row: Mapping[str, Any], group: pd.DataFrame, runs: Sequence[pd.DataFrame]) -> dict[str, Any]:
     times = _step_times(runs)
     interval = stats.runs_interval(times)
@@ -72,7 +77,8 @@ def _point_values(row: Mapping[str, Any], group: pd.DataFrame, runs: Sequence[pd
               "step_time_s": stats.median_of_runs(times) if times else None,
               "ci95_low": interval and interval[0], "ci95_high": interval and interval[1],
               "retries_per_step": _pooled_median(runs, "alloc_retries"),
-              "copy_stall_s": _pooled_median(runs, "offload_stall_s")}
+              "copy_stall_s": _pooled_median(runs, "offload_stall_s"),
+              "empty_cache_calls": _calls_per_run(runs, "empty_cache_calls")}
     values.update({column: _median(group[column]) if column in group else None for column in COMPILE_COLUMNS})
     values.update({column: _median(group[column]) if column in group else None
                    for column in PROFILED_COLUMNS.values()})
@@ -106,7 +112,8 @@ def _cells(values: Mapping[str, Any], label: str, ratio: stats.Ratio | None) -> 
              ("", "× deepcompile"): NOT_APPLICABLE if ratio is None
              else f"{ratio.ratio:.3f}× [{ratio.low:.3f}, {ratio.high:.3f}]",
              ("per step", "retries"): format_number(values["retries_per_step"]),
-             ("per step", "copy stall (ms)"): _ms(values["copy_stall_s"])}
+             ("per step", "copy stall (ms)"): _ms(values["copy_stall_s"]),
+             ("per run", "empty_cache calls"): format_number(values["empty_cache_calls"])}
     cells.update({("compiles", title): format_number(values[column]) for column, title in COMPILE_TITLES.items()})
     for title, seconds, calls in PROFILED_PARTS:
         cell = _ms(values[PROFILED_COLUMNS[seconds]])
@@ -119,7 +126,8 @@ def _cells(values: Mapping[str, Any], label: str, ratio: stats.Ratio | None) -> 
 CAPTION = ("Our pass where it planned nothing to move against DeepCompile without offload, per device size "
            "(emulated by env.device_memory_gb, or the real card): the median over runs of each run's median step time "
            "with its 95% interval, and ours over DeepCompile at the same workload and device size with its interval; "
-           "per measured step, the median allocator retries and copy-stream stall; Dynamo's graphs and graph breaks "
+           "per measured step, the median allocator retries and copy-stream stall, and our pass's empty_cache calls "
+           "over a run's measured steps; Dynamo's graphs and graph breaks "
            "over the run and its frames compiled after the final phase's compile step (recompiles); the profiled "
            "step (debug.profile_step, not a measured step), median over runs: its span, the device's busy time, and "
            "host time (calls) in device synchronisations, the allocator (cudaMalloc/cudaFree and expandable "

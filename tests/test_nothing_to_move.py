@@ -108,6 +108,7 @@ def test_the_table_says_whether_the_cost_follows_the_emulated_device(two_by_two)
     assert pd_isna(values.loc[("deepcompile", 0), PROFILED_COLUMNS["sync_s"]])  # no profiled step there
     assert (emulated["later_compiles"], real["later_compiles"]) == (1, 0)
     assert emulated["compiled_graphs"] == 5 and emulated["graph_breaks"] == 1
+    assert emulated["empty_cache_calls"] == 0 and pd_isna(values.loc[("deepcompile", 16), "empty_cache_calls"])
     assert emulated["retries_per_step"] == 1 and values.loc[("deepcompile", 16), "retries_per_step"] >= 1
     display = table.display
     assert "real" in display[("", "device")].tolist() and "16 GB (emulated)" in display[("", "device")].tolist()
