@@ -230,9 +230,15 @@ def comparison_lines(sweep) -> str:
 
     rows = comparison_table(sweep.points, sweep.steps).values.to_dict("records")
     lines = ["== step time of our pass over the others: ratio [95% interval], n = runs × measured steps"]
-    lines += [f"  {row['point']} / {row['against']}: {row['ratio']:.3f}× [{row['ci95_low']:.3f}, "
-              f"{row['ci95_high']:.3f}], n = {row['runs']}: {row['reads']}" for row in rows]
+    lines += [f"  {row['point']} / {row['against']}{_footing_text(row)}: {row['ratio']:.3f}× "
+              f"[{row['ci95_low']:.3f}, {row['ci95_high']:.3f}], n = {row['runs']}: {row['reads']}" for row in rows]
     return "\n".join(lines if rows else [])
+
+
+def _footing_text(row: dict) -> str:
+    """' (a) each pass at its own default': where the table names the footing of the budgets, and the line has one."""
+    footing = row.get("budgets")
+    return f" {footing}" if isinstance(footing, str) else ""
 
 
 def device_time(sweep) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.columns import CONFIG_COLUMNS, IDLE, OVER_BUDGET, is_design_column
+from harness.arms import arm_names, registered
 from harness.contract.units import GB
 
 REPEAT_COLUMNS = ("repeat", "seed")
@@ -17,6 +18,9 @@ REPEAT_COLUMNS = ("repeat", "seed")
 # leave two points of an arm looking the same (two sweeps of the same design).
 NAMING_COLUMNS = ("sweep_name",)
 _STANDARD_ORDER = [column for column in CONFIG_COLUMNS.values() if column not in NAMING_COLUMNS]
+OFFLOAD_ARMS = arm_names(lambda arm: arm.offloads_opt_states)
+GIVEN_BUDGET_COLUMNS = ("budget_gb", "budget_fraction")
+AUTO_RULE_NAMES = {"device_limit": "device rule", "margin": "margin rule"}
 
 
 def is_missing(value: Any) -> bool:
@@ -67,6 +71,9 @@ class Design:
     # per design point over its budget: (its key values as labels write them, the most over, runs over, runs)
     over_budget: list[tuple[dict[str, str], float, int, int]] = field(default_factory=list)
     run_counts: list[tuple[dict[str, str], int]] = field(default_factory=list)  # runs per design point
+    # per arm whose points mix a given budget and none: the rule that made the budget of those given none
+    # ('device rule'); their labels name the budget beside the arm (budget_name)
+    budget_named: dict[str, str | None] = field(default_factory=dict)
 
     def label(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
         """'offload, budget_gb=12, empty_cache=phase': the arm and what else sets this point apart from the
@@ -75,10 +82,13 @@ class Design:
         arm = row["arm"]
         leave_out = set(leave_out)
         settings = [key for key in self.shown.get(arm, []) if key not in NAMING_COLUMNS]
+        named = arm in self.budget_named and leave_out.isdisjoint(GIVEN_BUDGET_COLUMNS)
         keys = [key for key in self.shown.get(arm, []) if key not in leave_out and not is_idle(row[key])
-                and (key not in NAMING_COLUMNS or self._needed(arm, key, settings))]
+                and (key not in NAMING_COLUMNS or self._needed(arm, key, settings))
+                and not (named and key in GIVEN_BUDGET_COLUMNS)]
         note = self.over_budget_note(row, leave_out)
-        return ", ".join([str(arm), *(f"{key}={format_value(row[key])}" for key in keys), *([note] if note else [])])
+        head = f"{arm} {budget_name(row, self.budget_named[arm])}" if named else str(arm)
+        return ", ".join([head, *(f"{key}={format_value(row[key])}" for key in keys), *([note] if note else [])])
 
     def over_budget_note(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str | None:
         """'over budget by 1.29 GB' ('... in 2 of 3 runs'): a design point whose plan was infeasible or whose
@@ -122,7 +132,59 @@ def design(points: pd.DataFrame) -> Design:
                                     for column in shown[arm]}).drop_duplicates()
     keys = ["arm", *[column for column in candidates if any(column in columns for columns in shown.values())]]
     over, counts = _over_budget(points, keys)
-    return Design(keys=keys, shown=shown, values=values, over_budget=over, run_counts=counts)
+    return Design(keys=keys, shown=shown, values=values, over_budget=over, run_counts=counts,
+                  budget_named=_budget_named(points, shown))
+
+
+def given_budget(point: Mapping[str, Any]) -> bool:
+    """Whether the point was given a budget (GB or a fraction of the device), not left to a rule to make one."""
+    return any(not is_missing(point.get(column)) and not is_idle(point.get(column)) for column in GIVEN_BUDGET_COLUMNS)
+
+
+def auto_rule_name(point: Mapping[str, Any]) -> str | None:
+    """'device rule', 'margin rule': the rule that made the budget of an offload point given none (an arm without
+    our pass's auto_rule has DeepSpeed's margin rule only); None where the point was given one, does not offload, or
+    its rule is unknown."""
+    if point["arm"] not in OFFLOAD_ARMS or given_budget(point):
+        return None
+    rule = point.get("auto_rule")
+    if is_missing(rule) or is_idle(rule):
+        arm = registered().get(point["arm"])
+        rule = None if arm is None or "auto_rule" in arm.offload_keys else "margin"
+    return None if rule is None else AUTO_RULE_NAMES.get(rule, rule)
+
+
+def budget_source(point: Mapping[str, Any]) -> str | None:
+    """'auto (device rule)', 'auto (margin rule)': how an offload point planned without a given budget got one
+    ('auto' where the rule is unknown); None for a given budget or an arm that does not offload."""
+    if point["arm"] not in OFFLOAD_ARMS or given_budget(point):
+        return None
+    rule = auto_rule_name(point)
+    return "auto" if rule is None else f"auto ({rule})"
+
+
+def budget_name(row: Mapping[str, Any], rule: str | None = None) -> str:
+    """'@ 12.8 GB', '@ 0.8 of the device', '(device rule)': the budget of a point whose arm also ran at another, by
+    the config (a point given none by the rule that made its budget; `rule` where the row does not say it)."""
+    if not is_missing(row.get("budget_gb")) and not is_idle(row.get("budget_gb")):
+        return f"@ {format_value(row['budget_gb'])} GB"
+    if given_budget(row):
+        return f"@ {format_value(row['budget_fraction'])} of the device"
+    return f"({auto_rule_name(row) or rule or 'auto'})"
+
+
+def _budget_named(points: pd.DataFrame, shown: Mapping[str, list[str]]) -> dict[str, str | None]:
+    """Arm -> the rule of its points given no budget, for each arm whose points mix those with ones given a budget
+    (a given-budget column varies, a missing value counting): only there does a label name the budget."""
+    named = {}
+    for arm, rows in points.groupby("arm", sort=False):
+        if arm not in OFFLOAD_ARMS or not set(shown[arm]) & set(GIVEN_BUDGET_COLUMNS):
+            continue
+        given = [given_budget(point) for point in rows.to_dict("records")]
+        if any(given) and not all(given):
+            rules = {auto_rule_name(point) for point, has in zip(rows.to_dict("records"), given) if not has}
+            named[arm] = rules.pop() if len(rules) == 1 else None
+    return named
 
 
 def _over_budget(points: pd.DataFrame, keys: list[str]) -> tuple[list, list]:

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from analysis.design import Design, design, format_value, is_missing
+from analysis.design import Design, budget_name, design, format_value, given_budget, is_missing
 from analysis.load import OK
 from analysis.tables import WORKLOAD_COLUMNS, NOT_APPLICABLE, Table, display_frame, failed_statuses, format_number, \
     order_key
@@ -27,7 +27,6 @@ from harness.arms import BenchRole, arm_names
 
 MIN_MEASURED = 20  # the protocol's least measured steps per run for a number that backs a claim
 REPEATS_AGREE = 0.03  # repeats of a point whose run medians lie further apart than this are flagged
-BUDGET_COLUMNS = ("budget_gb", "budget_fraction")
 LIMIT_COLUMNS = ("env.reserved_cap_gb",)  # an allocator ceiling inside the (emulated) device, where swept
 COMPOSE = "compose"  # offload.compose's column: DeepCompile's speed passes composed with our pass
 
@@ -156,12 +155,43 @@ def _context(row: Mapping[str, Any], columns: Sequence[str]) -> tuple:
 SEEDS = "seeds"  # the seeds a design point's runs used: like points ran the same ones
 
 
+# On what footing our pass is set against DeepSpeed's: each given no budget, so each plans against the budget its own
+# rule makes (ours the device rule, DeepSpeed's its margin: two rules as much as two passes), or both at one budget,
+# given, or given to ours and made by DeepSpeed's rule for its pass. The table names the footing where it holds both.
+EACH_DEFAULT, ONE_BUDGET = "(a) each pass at its own default", "(b) both passes at one budget"
+GIVEN, PLANNED = "given_budget", "planned_budget"  # per design point: whether its runs were given one, and which
+
+
 def comparison_pairs(points: pd.DataFrame) -> list[tuple[str, tuple[str, ...]]]:
     """(the base's bench role, the columns two points must share to be compared): the workload (model, shape,
-    accumulation, dtype, ranks, device) and the seeds of their runs, plus the limits, and at one budget the budget."""
+    accumulation, dtype, ranks, device) and the seeds of their runs, plus the limits. Against DeepSpeed's pass, the
+    budgets must also stand on one footing (peer_footing)."""
     present = [column for column in (*WORKLOAD_COLUMNS, *LIMIT_COLUMNS) if column in points]
-    budgets = [column for column in BUDGET_COLUMNS if column in points]
-    return [(BenchRole.PEER, (*present, SEEDS, *budgets)), (BenchRole.REFERENCE, (*present, SEEDS))]
+    return [(BenchRole.PEER, (*present, SEEDS)), (BenchRole.REFERENCE, (*present, SEEDS))]
+
+
+def _budget_facts(group: pd.DataFrame) -> dict[str, Any]:
+    """GIVEN: whether every run of a design point was given a budget (None where only some were); PLANNED: the budget
+    they planned against, the one given ('12.8 GB', '0.8 of the device') or else the one their rule made, to the MB,
+    where every run has the same (None otherwise: the device rule's differs from run to run)."""
+    runs = group.to_dict("records")
+    given = {given_budget(run) for run in runs}
+    if given == {True}:
+        planned = {budget_name(run).removeprefix("@ ") for run in runs}
+    else:
+        planned = {None if is_missing(run.get("budget_resolved_gb")) else
+                   f"{format_value(round(float(run['budget_resolved_gb']), 3))} GB" for run in runs}
+    return {GIVEN: given.pop() if len(given) == 1 else None, PLANNED: planned.pop() if len(planned) == 1 else None}
+
+
+def peer_footing(point: Mapping[str, Any], base: Mapping[str, Any]) -> str | None:
+    """EACH_DEFAULT where neither design point was given a budget; ONE_BUDGET and the budget where both planned
+    against the same one; None (not compared) otherwise."""
+    if point[GIVEN] is False and base[GIVEN] is False:
+        return EACH_DEFAULT
+    if point[PLANNED] is not None and point[PLANNED] == base[PLANNED]:
+        return f"{ONE_BUDGET} ({point[PLANNED]})"
+    return None
 
 
 def _seeds(group: pd.DataFrame) -> str:
@@ -170,55 +200,72 @@ def _seeds(group: pd.DataFrame) -> str:
 
 
 def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame, points_design: Design):
-    """(ours, the point it is set against), each a (row, label, runs): each of our points against DeepSpeed's pass
-    at the same workload, limits and budget (neither over that budget: such a point is no point of it) and against
-    DeepCompile without offload at the same workload and limits; then each of our points composed with DeepCompile's
-    speed passes against ours alone (compose=none), everything else equal."""
+    """(ours, the point it is set against, the footing of their budgets or None), each point a (row, label, runs):
+    each of our points against DeepSpeed's pass at the same workload and limits with budgets on one footing (neither
+    over its budget: such a point is no point of it), those at their own defaults first; against DeepCompile without
+    offload at the same workload and limits; then each of our points composed with DeepCompile's speed passes
+    against ours alone (compose=none), everything else equal."""
     ours = arm_names(lambda arm: arm.bench_role == BenchRole.OURS)
     for role, shared in comparison_pairs(points):
         bases = arm_names(lambda arm, role=role: arm.bench_role == role)
-        at_one_budget = role == BenchRole.PEER
-        yield from ((point, base) for point in design_points for base in design_points
-                    if point[0]["arm"] in ours and base[0]["arm"] in bases
-                    and _context(point[0], shared) == _context(base[0], shared)
-                    and not (at_one_budget and (points_design.over_budget_note(point[0])
-                                                or points_design.over_budget_note(base[0]))))
+        pairs = [(point, base, peer_footing(point[0], base[0]) if role == BenchRole.PEER else None)
+                 for point in design_points for base in design_points
+                 if point[0]["arm"] in ours and base[0]["arm"] in bases
+                 and _context(point[0], shared) == _context(base[0], shared)]
+        if role == BenchRole.PEER:
+            pairs = sorted((pair for pair in pairs if pair[2] is not None
+                            and not (points_design.over_budget_note(pair[0][0])
+                                     or points_design.over_budget_note(pair[1][0]))),
+                           key=lambda pair: pair[2] != EACH_DEFAULT)
+        yield from pairs
     others = [key for key in points_design.keys if key != COMPOSE] + [SEEDS]
     ours_by_compose = [(format_value(point[0].get(COMPOSE)), point) for point in design_points
                        if point[0]["arm"] in ours]
     composed = [point for compose, point in ours_by_compose if compose not in ("none", "null")]
     alone = [point for compose, point in ours_by_compose if compose == "none"]
-    yield from ((point, base) for point in composed for base in alone
+    yield from ((point, base, None) for point in composed for base in alone
                 if _context(point[0], others) == _context(base[0], others))
 
 
+COMPARISON_COLUMNS = ["point", "against", "ratio", "ci95_low", "ci95_high", "runs", "reads"]
+FOOTING = "budgets"  # the comparison table's column naming the footing, where it holds both
+
+
 def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
-    """Our pass over DeepSpeed's pass (same workload, limits and budget) and over DeepCompile without offload (same
-    workload and limits), and composed with DeepCompile's speed passes over alone: the ratio of their step-time
-    estimates, its 95% two-level bootstrap interval, runs × the fewest measured steps of a run, and how it reads
-    (faster, slower, no difference)."""
-    design_points = [({**row, SEEDS: _seeds(group)}, label, runs)
+    """Our pass over DeepSpeed's pass (same workload and limits, budgets on one footing) and over DeepCompile without
+    offload (same workload and limits), and composed with DeepCompile's speed passes over alone: the ratio of their
+    step-time estimates, its 95% two-level bootstrap interval, runs × the fewest measured steps of a run, and how it
+    reads (faster, slower, no difference). Where it sets ours against DeepSpeed's pass on both footings, a column
+    says which each line stands on."""
+    design_points = [({**row, SEEDS: _seeds(group), **_budget_facts(group)}, label, runs)
                      for row, label, group, runs in runs_by_design_point(points, steps)]
-    rows, lines = [], []
-    for (row, label, runs), (base, base_label, base_runs) in _compared(design_points, points, design(points)):
+    rows = []
+    for (row, label, runs), (base, base_label, base_runs), footing in _compared(design_points, points,
+                                                                                design(points)):
         ratio = stats.ratio_interval(runs, base_runs)
-        if ratio is None:
-            continue
-        labels = {"point": label, "against": base_label}
-        rows.append({**labels, "ratio": ratio.ratio, "ci95_low": ratio.low, "ci95_high": ratio.high,
-                     "runs": ratio.sizes, "reads": ratio.verdict})
-        lines.append({("", "point"): labels["point"], ("", "against"): labels["against"],
-                      ("", "ratio"): f"{ratio.ratio:.3f}×",
-                      ("", "95% interval"): f"[{ratio.low:.3f}, {ratio.high:.3f}]",
-                      ("", "runs × steps"): ratio.sizes, ("", "reads"): ratio.verdict})
-    return Table("comparison", pd.DataFrame(rows, columns=["point", "against", "ratio", "ci95_low", "ci95_high",
-                                                            "runs", "reads"]),
-                 display_frame(lines, [("", "point"), ("", "against"), ("", "ratio"), ("", "95% interval"),
-                                       ("", "runs × steps"), ("", "reads")]),
+        if ratio is not None:
+            rows.append({"point": label, "against": base_label, FOOTING: footing, "ratio": ratio.ratio,
+                         "ci95_low": ratio.low, "ci95_high": ratio.high, "runs": ratio.sizes, "reads": ratio.verdict})
+    footings = {row[FOOTING] for row in rows if row[FOOTING] is not None}
+    both = any(footing == EACH_DEFAULT for footing in footings) and len(footings) > 1
+    columns = ["point", "against", *([FOOTING] if both else []), *COMPARISON_COLUMNS[2:]]
+    lines = [{("", "point"): row["point"], ("", "against"): row["against"], ("", FOOTING): row[FOOTING] or "-",
+              ("", "ratio"): f"{row['ratio']:.3f}×", ("", "95% interval"): f"[{row['ci95_low']:.3f}, "
+              f"{row['ci95_high']:.3f}]", ("", "runs × steps"): row["runs"], ("", "reads"): row["reads"]}
+             for row in rows]
+    shown = [("", name) for name in ("point", "against", *([FOOTING] if both else []), "ratio", "95% interval",
+                                     "runs × steps", "reads")]
+    return Table("comparison", pd.DataFrame(rows, columns=[*COMPARISON_COLUMNS, FOOTING])[columns],
+                 display_frame(lines, shown),
                  caption="Step time of the point over that of the point it is set against (< 1: faster), each the "
                          "median over runs of each run's median; a 95% bootstrap interval over runs, then steps. Only "
                          "like points are compared (same model, shape, accumulation, dtype and seeds), and at one "
-                         "budget only points that kept it.")
+                         "budget only points that kept it." + (_FOOTING_CAPTION if both else ""))
+
+
+_FOOTING_CAPTION = (f" {FOOTING}: our pass against DeepSpeed's pass {EACH_DEFAULT} (neither given a budget: each "
+                    f"plans against the one its own rule makes) and {ONE_BUDGET} (given to ours; DeepSpeed's given "
+                    "it or made by its rule), each over budget point left out.")
 
 
 RETRIES = "alloc_retries"

@@ -15,14 +15,14 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.design import Design, along_axis, design, format_value, is_idle, is_missing, varies
+from analysis.design import (GIVEN_BUDGET_COLUMNS, OFFLOAD_ARMS, Design, along_axis, budget_source, design,
+                             format_value, is_missing, varies)
 from analysis.load import GB, OK
-from harness.arms import arm_names, registered
+from harness.arms import arm_names
 
 ARMS = arm_names()  # the tables' row order
 BASELINE_ARM = arm_names(lambda arm: arm.baseline)[0]
 NON_OFFLOAD_ARMS = arm_names(lambda arm: arm.keeps_optimizer_states_on_gpu)
-OFFLOAD_ARMS = arm_names(lambda arm: arm.offloads_opt_states)
 # What a training step computes, and on how much device memory: two points with equal values here are
 # comparable across arms.
 WORKLOAD_COLUMNS = ("model", "micro_batch", "seq_len", "grad_accum", "dtype", "nproc_per_node", "nnodes",
@@ -32,9 +32,7 @@ NOT_APPLICABLE = "-"
 
 # Where budgets are the key (the budget table, the figures against the budget), a point planned without a budget is
 # named by the rule that made its budget, not by the budget keys it left null.
-BUDGET_SOURCE = "budget_source"
-AUTO_RULE_NAMES = {"device_limit": "device rule", "margin": "margin rule"}
-GIVEN_BUDGET_COLUMNS = ("budget_gb", "budget_fraction")
+BUDGET_SOURCE = "budget_source"  # design.budget_source's
 BUDGET_KEYS = (*GIVEN_BUDGET_COLUMNS, "margin", "auto_rule")  # said by the budget or its source
 
 STEP_TIME = "final_step_time_s_median"
@@ -223,20 +221,6 @@ def policies_table(points: pd.DataFrame) -> Table:
         line[(group, "s/step")] = cell(row, STEP_TIME)
         line[(group, "peak reserved (GB)")] = cell(row, PEAK_RESERVED, GB)
     return Table("policies", values, display_frame(list(cells.values())))
-
-
-def budget_source(point: Mapping[str, Any]) -> str | None:
-    """'auto (device rule)', 'auto (margin rule)': how an offload point planned without a given budget got one
-    (an arm without our pass's auto_rule has DeepSpeed's margin rule only; 'auto' where the rule is unknown);
-    None for a given budget or an arm that does not offload."""
-    arm = registered().get(point["arm"])
-    if point["arm"] not in OFFLOAD_ARMS or any(not is_missing(point.get(column)) and not is_idle(point.get(column))
-                                               for column in GIVEN_BUDGET_COLUMNS):
-        return None
-    rule = point.get("auto_rule")
-    if is_missing(rule) or is_idle(rule):
-        rule = None if arm is None or "auto_rule" in arm.offload_keys else "margin"
-    return f"auto ({AUTO_RULE_NAMES.get(rule, rule)})" if rule is not None else "auto"
 
 
 def with_budget_source(points: pd.DataFrame) -> pd.DataFrame:
