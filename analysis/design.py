@@ -75,18 +75,20 @@ class Design:
     # ('device rule'); their labels name the budget beside the arm (budget_name)
     budget_named: dict[str, str | None] = field(default_factory=dict)
 
-    def label(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
+    def label(self, row: Mapping[str, Any], leave_out: Iterable[str] = (),
+              note_leave_out: Iterable[str] | None = None) -> str:
         """'offload, budget_gb=12, empty_cache=phase': the arm and what else sets this point apart from the
         arm's other points; keys in `leave_out` are shown elsewhere (an axis, a column), keys the point left idle
-        (IDLE: our pass's auto_rule beside a budget) are not shown."""
+        (IDLE: our pass's auto_rule beside a budget) are not shown. The over-budget note covers the points that
+        agree on the keys but `note_leave_out` (default: `leave_out`, all points along a line)."""
         arm = row["arm"]
+        note = self.over_budget_note(row, leave_out if note_leave_out is None else note_leave_out)
         leave_out = set(leave_out)
         settings = [key for key in self.shown.get(arm, []) if key not in NAMING_COLUMNS]
         named = arm in self.budget_named and leave_out.isdisjoint(GIVEN_BUDGET_COLUMNS)
         keys = [key for key in self.shown.get(arm, []) if key not in leave_out and not is_idle(row[key])
                 and (key not in NAMING_COLUMNS or self._needed(arm, key, settings))
                 and not (named and key in GIVEN_BUDGET_COLUMNS)]
-        note = self.over_budget_note(row, leave_out)
         head = f"{arm} {budget_name(row, self.budget_named[arm])}" if named else str(arm)
         return ", ".join([head, *(f"{key}={format_value(row[key])}" for key in keys), *([note] if note else [])])
 

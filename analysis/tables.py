@@ -238,10 +238,14 @@ def with_planned_budgets(aggregated: pd.DataFrame, points: pd.DataFrame, keys: S
     return aggregated.assign(budget_resolved_gb=resolved)
 
 
-def budget_label(points_design: Design, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str:
+def budget_label(points_design: Design, row: Mapping[str, Any], leave_out: Iterable[str] = (),
+                 one_budget: bool = False) -> str:
     """A label where budgets are the key: the design label less the budget keys, then the budget's source
-    ('offload, auto (device rule)'), so an auto plan never reads like a budgeted point of the same arm."""
-    label = points_design.label(row, leave_out=[*BUDGET_KEYS, *leave_out])
+    ('offload, auto (device rule)'), so an auto plan never reads like a budgeted point of the same arm. A row of
+    `one_budget` (a table's) is flagged over budget by its own points only, a line across budgets (a figure's) by
+    any along it."""
+    label = points_design.label(row, leave_out=[*BUDGET_KEYS, *leave_out],
+                                note_leave_out=leave_out if one_budget else None)
     source = row.get(BUDGET_SOURCE)
     return label if is_missing(source) else f"{label}, {source}"
 
@@ -258,7 +262,7 @@ def budget_table(points: pd.DataFrame) -> Table:
     lines = []
     for row in offload.to_dict("records"):
         lines.append({
-            ("", "arm"): budget_label(points_design, row),
+            ("", "arm"): budget_label(points_design, row, one_budget=True),
             ("", "budget (GB)"): format_value(row.get("budget_gb")) if is_missing(row["budget_resolved_gb"])
             else format_number(row["budget_resolved_gb"]),
             ("", "offloaded/step (GB)"): cell(row, "final_offload_bytes_median", GB),

@@ -107,6 +107,9 @@ def test_the_budget_table_still_names_the_budget_by_its_own_column(points_and_st
     labels = budget_table(points).display[("", "arm")].tolist()
     assert "offload, seq_len=1024, auto (device rule)" in labels and "offload, seq_len=1024" in labels
     assert "ds_offload, seq_len=1024, auto (margin rule)" in labels
+    # the one point over its budget is flagged on its own row, not on the device rule's at that length
+    assert "offload, seq_len=2048, over budget by 0.70 GB" in labels
+    assert "offload, seq_len=2048, auto (device rule)" in labels
 
 
 def runs_of(arm, budget_gb, seq_len):
