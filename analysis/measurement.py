@@ -2,10 +2,10 @@
 
 `measurement_table`: per design point, its runs, their measured steps, the median over runs of each run's median
 with a 95% bootstrap interval, the spread between repeats, and what makes it suspect (too few measured steps, an
-unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload and budget, over
-DeepCompile without offload at one workload, and composed with DeepCompile's speed passes over alone, as a ratio of
-those medians with a two-level bootstrap interval (harness/contract/stats.py); an interval that holds 1 reads "no
-difference". `retry_table`: what the allocator's retries cost per design point, the slope of step time on retries
+unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload, each at its own
+default budget or both at one (peer_footing), over DeepCompile without offload at one workload, and composed with
+DeepCompile's speed passes over alone, as a ratio of those medians with a two-level bootstrap interval
+(harness/contract/stats.py); an interval that holds 1 reads "no difference". `retry_table`: what the allocator's retries cost per design point, the slope of step time on retries
 per step. Where the device time went is analysis/wall_time.py's.
 """
 from __future__ import annotations
@@ -249,7 +249,7 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     footings = {row[FOOTING] for row in rows if row[FOOTING] is not None}
     both = any(footing == EACH_DEFAULT for footing in footings) and len(footings) > 1
     columns = ["point", "against", *([FOOTING] if both else []), *COMPARISON_COLUMNS[2:]]
-    lines = [{("", "point"): row["point"], ("", "against"): row["against"], ("", FOOTING): row[FOOTING] or "-",
+    lines = [{("", "point"): row["point"], ("", "against"): row["against"], ("", FOOTING): row[FOOTING] or NOT_APPLICABLE,
               ("", "ratio"): f"{row['ratio']:.3f}×", ("", "95% interval"): f"[{row['ci95_low']:.3f}, "
               f"{row['ci95_high']:.3f}]", ("", "runs × steps"): row["runs"], ("", "reads"): row["reads"]}
              for row in rows]
@@ -264,8 +264,8 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
 
 
 _FOOTING_CAPTION = (f" {FOOTING}: our pass against DeepSpeed's pass {EACH_DEFAULT} (neither given a budget: each "
-                    f"plans against the one its own rule makes) and {ONE_BUDGET} (given to ours; DeepSpeed's given "
-                    "it or made by its rule), each over budget point left out.")
+                    f"plans against the one its own rule makes) or {ONE_BUDGET} (the same one given, or given to ours "
+                    "and made by DeepSpeed's rule for its pass); a point over its budget stands on neither.")
 
 
 RETRIES = "alloc_retries"

@@ -10,6 +10,7 @@ import pytest
 matplotlib.use("Agg")
 
 from analysis import capacity  # noqa: E402
+from analysis.bench import comparison_lines  # noqa: E402
 from analysis.design import design  # noqa: E402
 from analysis.fixtures.synthetic import write_point  # noqa: E402
 from analysis.load import load_sweep  # noqa: E402
@@ -157,3 +158,11 @@ def test_a_sweep_with_one_footing_keeps_its_table_as_it_was(points_and_steps):
     assert "budgets" not in table.values and ("", "budgets") not in table.display
     assert [label for label in design(one_budget).shown["offload"]] == ["seq_len"]
     assert table.values["point"].tolist()[0] == "offload, seq_len=1024"
+
+
+def test_harness_bench_names_the_footing_of_each_line(tmp_path):
+    write_ladder(tmp_path, {key: {1024: runs[1024]} for key, runs in LADDER.items()})
+    lines = comparison_lines(load_sweep(tmp_path)).splitlines()
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        f"  {OURS_DEVICE} / ds_offload, {EACH_DEFAULT}",
+        f"  {OURS_AT} / ds_offload, {ONE_BUDGET}"]
