@@ -1,4 +1,5 @@
 """Every config group option and experiment composes; presets have the parameter counts of their models."""
+import shlex
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from harness.contract.errors import ConfigError
 from harness.contract.schema.config import group_of
 from harness.contract.schema.groups import ModelShape
 from harness.rank.models import count_parameters, flops_per_token
+from harness.config.compose import sweep_points
 from harness.driver.validate import check_group_choices, validate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -186,3 +188,26 @@ def test_compose_rows_select_their_arm_and_composition(row):
     assert cfg.offload.compose == (raw.get("offload") or {}).get("compose", "none")
     assert cfg.offload.budget_gb == 11 and cfg.env.device_memory_gb == 12
     validate(OmegaConf.to_container(cfg, resolve=True), gpu_count=0)
+
+
+def capacity_commands() -> list[list[str]]:
+    """The overrides of each `python -m harness.run -m ...` line in experiments/capacity.yaml's header."""
+    lines = (REPO_ROOT / "experiments" / "capacity.yaml").read_text().splitlines()
+    prefix = "#   python -m harness.run -m "
+    return [shlex.split(line.removeprefix(prefix).split("#")[0]) for line in lines if line.startswith(prefix)]
+
+
+def test_capacity_header_commands_add_ours_at_deepspeeds_auto_budget_and_the_repeats():
+    """The header's commands expand to the points the campaign's README and the report expect: every arm's repeats
+    at 1024, and our pass at 12.8 GB (DeepSpeed's margin rule on the emulated 16 GB) at every length and repeated
+    at 1024, all in the sweep named capacity."""
+    expanded = [sweep_points(command, multirun=True) for command in capacity_commands()]
+    budgeted = [point for points in expanded for point in points if "offload.budget_gb=12.8" in point]
+    assert sorted((point[0], point[2]) for point in budgeted) == [
+        ("train.repeat=0", "train.seq_len=1024"), ("train.repeat=0", "train.seq_len=2048"),
+        ("train.repeat=0", "train.seq_len=4096"), ("train.repeat=0", "train.seq_len=8192"),
+        ("train.repeat=1", "train.seq_len=1024"), ("train.repeat=2", "train.seq_len=1024")]
+    assert all("arm=offload" in point for point in budgeted)
+    cfg = compose_config(budgeted[0])
+    assert cfg.sweep.name == "capacity" and cfg.env.device_memory_gb * (1 - cfg.offload.margin) == 12.8
+    assert sum(len(points) for points in expanded) == 20 + 10 + 6
