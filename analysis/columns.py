@@ -48,10 +48,11 @@ RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget
                             *OOM_COLUMNS, "steady_reasons", "machine_flags"))
 STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # Config that runs a point but does not define it (fault injection, logging, the driver's timeout, how many
-# steps it ran and measured): a point with an injected fault stands where a real failure of the same design point
-# would, and runs of one design point measured for longer are repeats of it.
+# steps it ran and measured, whether a later call of the sweep kept it): a point with an injected fault stands where
+# a real failure of the same design point would, and runs of one design point measured for longer, or run with
+# sweep.resume, are repeats of it.
 OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_|startup_)?timeout_s$"
-                         r"|^(steps|warmup_steps|measure_steps)$")
+                         r"|^(steps|warmup_steps|measure_steps)$|^sweep\.resume$")
 MISSING = object()  # a config key that is not there, as opposed to one set to null
 OFFLOAD_GROUP = "offload."
 # An offload key the point's arm reads but its other values left without effect (our pass's auto_rule beside a

@@ -166,3 +166,17 @@ def test_harness_bench_names_the_footing_of_each_line(tmp_path):
     assert [line.split(":")[0] for line in lines[1:]] == [
         f"  {OURS_DEVICE} / ds_offload, {EACH_DEFAULT}",
         f"  {OURS_AT} / ds_offload, {ONE_BUDGET}"]
+
+
+def test_repeats_run_with_sweep_resume_fold_into_the_first_repeats_point(tmp_path):
+    """The GPU queue runs each campaign with sweep.resume=true (experiments/README): how a point was run, not what
+    it is, so the repeats added that way are repeats of the committed point, not a design point of their own."""
+    runs = LADDER[("offload", DS_AUTO_GB)][1024]
+    job = write_ladder(tmp_path, {("offload", DS_AUTO_GB): {1024: runs[:1]}})
+    for repeat, run in enumerate(runs[1:], start=1):
+        write_point(tmp_path, job + repeat, arm="offload", budget_gb=DS_AUTO_GB, seq_len=1024, repeat=repeat,
+                    device_memory_gb=SIZE, phase_times=[WARM_UP, (5.0, *run)], extra={"sweep.resume": True})
+    sweep = load_sweep(tmp_path)
+    assert design(sweep.points).keys == ["arm"]
+    [runs_cell] = measurement_table(sweep.points, sweep.steps).display[("", "runs")].tolist()
+    assert runs_cell == "3/3 ok"
