@@ -18,7 +18,8 @@ FIRST_STEP_COLUMNS = ("split_trace_s", "split_inductor_s", "split_dc_profiling_s
 # torchrun with the run's end (the driver's wall time less the worker process's, plus the worker's after its steps).
 REST_COLUMNS = ("split_imports_s", "split_model_s", "split_engine_s", "split_teardown_s")
 # Dynamo's counters (harness/rank/wall_split.py's compile_counters), in runs that recorded them only: graphs
-# compiled and graph breaks over the whole run, and frames converted after the last phase's first step (recompiles).
+# compiled and graph breaks over the whole process (compile_totals), and frames converted after the last phase's
+# first step (recompiles).
 COMPILED_GRAPHS, GRAPH_BREAKS, LATER_COMPILES = "compiled_graphs", "graph_breaks", "later_compiles"
 COMPILE_COLUMNS = (COMPILED_GRAPHS, GRAPH_BREAKS, LATER_COMPILES)
 SPLIT_COLUMNS = (*FIRST_STEP_COLUMNS, *REST_COLUMNS, "split_dc_profiling_by_phase", "profile_key", "profiles_reused",
@@ -96,9 +97,8 @@ def compile_columns(summary: Mapping[str, Any]) -> dict[str, Any]:
     frame then stays as it was)."""
     split = summary.get("wall_split")
     later = split.get("later_compiles") if isinstance(split, Mapping) else None
-    if not isinstance(later, Mapping):
+    totals = split.get("compile_totals") if isinstance(split, Mapping) else None
+    if not isinstance(later, Mapping) or not isinstance(totals, Mapping):
         return {}
-    blocks = [step for step in split.get("first_steps") or [] if isinstance(step, Mapping)] + [later]
-    return {COMPILED_GRAPHS: _total([_number(block, "graphs") for block in blocks]),
-            GRAPH_BREAKS: _total([_number(block, "graph_breaks") for block in blocks]),
+    return {COMPILED_GRAPHS: _number(totals, "graphs"), GRAPH_BREAKS: _number(totals, "graph_breaks"),
             LATER_COMPILES: _number(later, "frames")}

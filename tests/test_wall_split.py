@@ -122,6 +122,23 @@ def test_dynamos_counters_say_what_a_phases_first_step_compiled_and_what_later_s
     assert facts["later_compiles"]["frames"] >= 1 and facts["later_compiles"]["graphs"] >= 1
 
 
+def test_the_compile_totals_count_a_recompile_between_the_phases_first_steps():
+    """A recompile in phase 0's second step is in neither a first step's growth nor the last phase's later ones."""
+    import torch
+
+    compiled = torch.compile(lambda x: x * 2, backend="eager")
+    split = WallSplit()
+    inputs = [torch.ones(3), torch.ones(2, 2), torch.ones(3)]  # phase 0's second step: a new rank, a recompile
+    before = wall_split.compile_counters()["frames"]
+    for step, (phase, phase_step) in enumerate([(0, 0), (0, 1), (1, 0)]):
+        split.before_step(phase_step)
+        compiled(inputs[step])
+        split.after_step(phase, phase_step, step_time_s=1.0)
+    facts = split.facts()
+    by_steps = sum(step["frames"] for step in facts["first_steps"]) + facts["later_compiles"]["frames"]
+    assert facts["compile_totals"]["frames"] - before == by_steps + 1
+
+
 def test_the_compile_counters_stay_null_until_a_phase_has_had_its_first_step():
     split = WallSplit()
     assert split.facts()["later_compiles"] is None

@@ -19,6 +19,7 @@
   records themselves (`timer_growth`), never as a difference of totals, which went negative across the reset;
 - `later_compiles`: the compile counters' growth after the last phase's first step (its warm-up, measured and
   debug steps), where a recompile or a new graph break is paid in measured time (null before that first step);
+  `compile_totals`: the counters over the whole process, steps between the phases' first steps included;
 - after the steps: the machine readings up to writing worker.json (`after_steps_s`), and the process's
   whole life (`process_s`), so that the driver's wall time less it is torchrun's own start and end.
 """
@@ -183,5 +184,6 @@ class WallSplit:
         after_steps = None if self._steps_end is None else round(time.perf_counter() - self._steps_end, 3)
         later = None if self._after_first_step is None else {
             name: _delta(self._after_first_step[name], value) for name, value in compile_counters().items()}
-        return {**startup, "first_steps": self.first_steps, "later_compiles": later, "after_steps_s": after_steps,
+        return {**startup, "first_steps": self.first_steps, "later_compiles": later,
+                "compile_totals": compile_counters(), "after_steps_s": after_steps,
                 "process_s": round(seconds_since_process_start(), 3)}
