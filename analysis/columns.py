@@ -52,7 +52,7 @@ STAT_PREFIX = re.compile(r"^(final|phase\d+)[_/]")
 # a real failure of the same design point would, and runs of one design point measured for longer, or run with
 # sweep.resume, are repeats of it.
 OPERATIONAL = re.compile(r"^(debug|logger|hydra)\.|^launcher\.(stall_|startup_)?timeout_s$"
-                         r"|^(steps|warmup_steps|measure_steps)$|^sweep\.resume$")
+                         r"|^(steps|warmup_steps|measure_steps)$|^sweep\.(resume|stop_at)$")
 MISSING = object()  # a config key that is not there, as opposed to one set to null
 OFFLOAD_GROUP = "offload."
 # An offload key the point's arm reads but its other values left without effect (our pass's auto_rule beside a

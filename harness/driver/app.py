@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness import arms  # noqa: E402
 from harness.config import compose  # noqa: E402
-from harness.driver import console, estimate, launch, progress, resume, signals  # noqa: E402
+from harness.driver import console, estimate, launch, progress, resume, signals, stop_at  # noqa: E402
 from harness.rank import emulated_device, machine  # noqa: E402
 from harness.contract import exits, logs, protocol, runfiles, safe_read, schema  # noqa: E402
 from harness.cluster import nodes, stops  # noqa: E402
@@ -229,7 +229,7 @@ def resolved_or_written(cfg: DictConfig) -> tuple[dict, ConfigError | None]:
 
 def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
     """Validate, run and record one point (node 0 records it), or, with sweep.resume=true, keep its earlier ok
-    attempt; returns its status."""
+    attempt, or, under sweep.stop_at, record it skipped where it could not finish in time; returns its status."""
     known, unresolved = resolved_or_written(cfg)
     if unresolved is None and resume.requested(known) and \
             resume.keeps_earlier_attempt(run_dir, lambda: checked_config(known, place)):
@@ -251,6 +251,12 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
         if place.primary:
             write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
         return "config_error"
+    too_late = stop_at.reason_to_skip(config.sweep.stop_at, run_dir)
+    if too_late is not None:  # not started: a later call of the sweep runs it (harness/driver/stop_at.py)
+        console.error(f"skipped: {too_late}")
+        if place.primary:
+            write_json(run_dir / runfiles.SUMMARY, build_summary(config.written, "skipped", too_late, [], 0.0, {}))
+        return "skipped"
     logs.setup(config.launcher.log_level)
 
     summary = run_point(config, run_dir, place)

@@ -6,8 +6,8 @@ What is compared, and why each:
 - summary.json's `status` must be `ok`: any other status, or no summary (a call killed mid-point), runs again.
 - config.yaml against the config this attempt would write (validated, its step counts settled: what the driver
   writes), key by key. Only keys that cannot change what an `ok` point measured may differ (CHANGEABLE): the
-  watchdogs' timeouts (an ok point ended before any of them), the log level (lines printed), and sweep.resume and
-  sweep.strict themselves (the exit code). Every other key counts, the logger too: a kept point has only the W&B
+  watchdogs' timeouts (an ok point ended before any of them), the log level (lines printed), sweep.stop_at (when a
+  call ends), and sweep.resume and sweep.strict themselves (the exit code). Every other key counts, the logger too: a kept point has only the W&B
   run its own attempt made.
 - env.json against this checkout and machine (harness/contract/envinfo.py), key by key over SAME_ENV: the commit
   and the hash of the uncommitted diff name the code; the library versions and the GPU model and count name what
@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 KEPT = "ok, same config and code"
 CHANGEABLE = frozenset({"launcher.timeout_s", "launcher.stall_timeout_s", "launcher.startup_timeout_s",
-                        "launcher.dist_timeout_min", "launcher.log_level", "sweep.resume", "sweep.strict"})
+                        "launcher.dist_timeout_min", "launcher.log_level", "sweep.resume", "sweep.strict",
+                        "sweep.stop_at"})
 SAME_ENV = ("git_sha", "git_diff_sha256", "python", "torch", "deepspeed", "transformers", "cuda", "driver",
             "gpu_name", "gpu_count")
 

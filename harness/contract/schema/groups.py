@@ -306,3 +306,13 @@ class SweepConfig(Group):
     # not run again (harness/driver/resume.py): a campaign longer than one call goes on with the same command and
     # hydra.sweep.dir. false: every point runs, an earlier attempt moved to attempts/N/.
     resume: bool
+    # seconds since the epoch (null: none): a point that could not finish by then, going by the longest point this
+    # sweep has recorded, is not started but recorded `skipped` (harness/driver/stop_at.py), so a call with a time
+    # limit ends between points; one node only (nodes could judge the time left differently).
+    stop_at: Annotated[Optional[float], POSITIVE]
+
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        if cfg["sweep"]["stop_at"] is not None and cfg["launcher"]["nnodes"] > 1:
+            raise ConfigError("sweep.stop_at", f"one node only: with launcher.nnodes={cfg['launcher']['nnodes']} "
+                              "the nodes could judge the time left differently and part of a point start")

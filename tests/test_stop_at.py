@@ -1,0 +1,82 @@
+"""sweep.stop_at: a sweep starts no point it could not finish by then, going by the longest point it has recorded;
+such a point is recorded `skipped` (not a success) and a later call with sweep.resume=true runs it
+(harness/driver/stop_at.py). In process through the driver's record_point with the launch replaced, as
+tests/test_resume.py does."""
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.config.compose import compose_point
+from harness.contract import runfiles
+from harness.contract.envinfo import collect_env
+from harness.contract.errors import ConfigError
+from harness.driver import app, stop_at
+from harness.driver.validate import validate
+
+PLACE = app.nodes.NodePlace(node_rank=0, nnodes=1, hosts=("localhost",))
+POINT = ["model=tiny", "logger=none", "train.warmup_steps=0", "train.measure_steps=3"]
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The run dirs record_point launched; each launch writes env.json and records a wall time of 100 s."""
+    runs: list[Path] = []
+
+    def run_point(config, run_dir, place):
+        runs.append(run_dir)
+        runfiles.write_json(run_dir / runfiles.ENV, collect_env(config, run_dir)[0])  # as run_point does
+        return app.build_summary(config.written, "ok", None, [], 100.0, {})
+
+    monkeypatch.setattr(app, "start_attempt", lambda run_dir, cfg: runfiles.set_aside_previous_attempt(run_dir))
+    monkeypatch.setattr(app, "run_point", run_point)
+    monkeypatch.setattr(app.console, "phase_table", lambda summary: None)
+    return runs
+
+
+def record(run_dir: Path, *overrides: str) -> str:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return app.record_point(compose_point([*POINT, *overrides]), run_dir, PLACE)
+
+
+def test_a_point_that_could_not_finish_in_time_is_skipped_and_a_later_call_runs_it(tmp_path, launched):
+    first, second = tmp_path / "0_first", tmp_path / "1_second"
+    soon = f"sweep.stop_at={time.time() + 60}"  # 60 s left: less than the 100 s the first point took
+    assert record(first, soon) == "ok"  # nothing recorded yet to go by: the first point starts
+    assert record(second, soon, "sweep.resume=true") == "skipped"
+    assert launched == [first]
+    summary = json.loads((second / runfiles.SUMMARY).read_text())
+    assert summary["status"] == "skipped" and "a point of this sweep has taken 100 s" in summary["reason"]
+    assert (second / runfiles.CONFIG).is_file()
+
+    later = f"sweep.stop_at={time.time() + 600}"
+    assert record(first, later, "sweep.resume=true") == "ok"  # kept: stop_at does not change what a point measured
+    assert record(second, later, "sweep.resume=true") == "ok"
+    assert launched == [first, second]
+
+
+def test_the_time_needed_is_the_longest_wall_a_sibling_recorded(tmp_path):
+    for name, wall in (("0_a", 80.0), ("1_b", 130.5), ("2_c", 0.0)):
+        (tmp_path / name).mkdir()
+        runfiles.write_json(tmp_path / name / runfiles.SUMMARY, {"status": "ok", "wall_time_s": wall})
+    (tmp_path / "3_bad").mkdir()
+    (tmp_path / "3_bad" / runfiles.SUMMARY).write_text("[1, 2]")  # no object: tells nothing
+    this = tmp_path / "4_this"
+    assert stop_at.longest_point_s(tmp_path, this) == 130.5
+    assert stop_at.reason_to_skip(None, this, now=0.0) is None
+    assert stop_at.reason_to_skip(1000.0, this, now=1000.0 - 131) is None
+    assert stop_at.reason_to_skip(1000.0, this, now=1000.0 - 130).startswith("sweep.stop_at: 130 s left")
+    assert stop_at.longest_point_s(tmp_path / "1_b", tmp_path / "1_b" / "x") is None
+
+
+@pytest.mark.parametrize("value,message", [("-5", "sweep.stop_at"), ("soon", "sweep.stop_at")])
+def test_a_bad_stop_at_is_refused_naming_the_key(value, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(app.resolved_or_written(compose_point([*POINT, f"sweep.stop_at={value}"]))[0], 0)
+
+
+def test_stop_at_is_refused_on_several_nodes():
+    resolved = app.resolved_or_written(compose_point([*POINT, "sweep.stop_at=2000000000", "launcher.nnodes=2"]))[0]
+    with pytest.raises(ConfigError, match="sweep.stop_at: one node only"):
+        validate(resolved, 0)
