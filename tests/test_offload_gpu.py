@@ -12,7 +12,8 @@
 
 Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
 separate invocations share the deepcompile baseline. $OFFLOAD_GPU_DEADLINE (seconds since the epoch) skips a test
-whose next run could not finish before it (a run is budgeted OFFLOAD_GPU_RUN_S, default 180 s), so a time-limited
+whose next run could not finish before it (a run is budgeted as long as the longest kept run, at least
+OFFLOAD_GPU_RUN_S, default 180 s), so a time-limited
 session ends between runs, not inside one, and its next invocation goes on from the runs kept. Run the points one at a time, never side by side on one GPU:
 DeepCompile adds the device memory used outside the process's allocator to every profiled peak, so a neighbour
 inflates the profile (seen: a 46.6 GB forward peak instead of 9.05 GB) and every plan offloads everything. Each run gets its own inductor cache dir (inductor's cache
@@ -31,6 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.driver.stop_at import longest_point_s
 from harness.offload.profile import parse_profile
 
 pytestmark = pytest.mark.gpu
@@ -44,6 +46,7 @@ FORCED_ALL_GB = "0.000001"
 BY_DEEPSPEED = "offload.budget_rule=deepspeed"
 LOSS_REL_TOL = 1e-4
 MIN_STEPS = 8
+DRIVER_S = 15  # a run's driver around its ranks' wall time: imports, config, the summary
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +57,16 @@ def runs_dir(tmp_path_factory) -> Path:
     return path
 
 
-def skip_past_the_deadline(runs: int = 1) -> None:
-    """Skip (not fail) where `runs` more compiled runs would end after $OFFLOAD_GPU_DEADLINE."""
+def skip_past_the_deadline(runs_dir: Path, runs: int = 1) -> None:
+    """Skip (not fail) where `runs` more compiled runs would end after $OFFLOAD_GPU_DEADLINE: a run is taken to last
+    as long as the longest kept one (an accumulation run lasts twice a plain one), at least $OFFLOAD_GPU_RUN_S."""
     deadline = os.environ.get("OFFLOAD_GPU_DEADLINE")
-    if deadline and time.time() + runs * float(os.environ.get("OFFLOAD_GPU_RUN_S", "180")) > float(deadline):
-        pytest.skip("OFFLOAD_GPU_DEADLINE: no time left for another run")
+    if not deadline:
+        return
+    run_s = max(float(os.environ.get("OFFLOAD_GPU_RUN_S", "180")),
+                (longest_point_s(runs_dir, runs_dir / "-") or 0.0) + DRIVER_S)
+    if time.time() + runs * run_s > float(deadline):
+        pytest.skip(f"OFFLOAD_GPU_DEADLINE: no time left for another run ({run_s:.0f} s)")
 
 
 def run_point(runs_dir: Path, name: str, overrides: list[str], cache_of: str | None = None,
@@ -68,7 +76,7 @@ def run_point(runs_dir: Path, name: str, overrides: list[str], cache_of: str | N
     summary_path = run_dir / "summary.json"
     if summary_path.exists() and json.loads(summary_path.read_text())["status"] == "ok":
         return run_dir
-    skip_past_the_deadline()
+    skip_past_the_deadline(runs_dir)
     env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT),
            "TORCHINDUCTOR_CACHE_DIR": str(runs_dir / f"{cache_of or name}.inductor_cache")}
     command = [sys.executable, "-m", "harness.run", *base, *overrides, f"hydra.run.dir={run_dir}"]
@@ -328,7 +336,7 @@ def test_an_infeasible_plan_is_refused_before_the_planned_phase_when_asked(runs_
     """offload.if_infeasible=refuse at a budget below what the optimizer step alone holds (every state back): no plan
     fits, so the point stops at planning, recorded config_error naming the shortfall, with its plan.json."""
     run_dir = runs_dir / "offload_refused"
-    skip_past_the_deadline()
+    skip_past_the_deadline(runs_dir)
     env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT),
            "TORCHINDUCTOR_CACHE_DIR": str(runs_dir / "offload_refused.inductor_cache")}
     command = [sys.executable, "-m", "harness.run", *PROBE, "arm=offload", "offload.budget_gb=2",
@@ -353,7 +361,7 @@ def reuse_sweep(runs_dir: Path, name: str = "offload_reuse_sweep", extra: tuple[
     sweep_dir = runs_dir / name
     summaries = sorted(sweep_dir.glob("*/summary.json"))
     if len(summaries) < len(REUSE_BUDGETS) or any(json.loads(path.read_text())["status"] != "ok" for path in summaries):
-        skip_past_the_deadline(runs=len(REUSE_BUDGETS))
+        skip_past_the_deadline(runs_dir, runs=len(REUSE_BUDGETS))
         shutil.rmtree(sweep_dir, ignore_errors=True)  # an earlier partial sweep's cache would make the first point warm
         env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT)}
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the sweep's own cache dir, under the sweep dir

@@ -1,6 +1,7 @@
 """env.json names the code that ran (harness/contract/envinfo.py): its commit and, where the tree differed, the
-modified tracked files and the hash of `git diff HEAD`, whose text the driver keeps as git.diff; untracked and
-ignored files and the run's own outputs never count."""
+modified tracked files, the untracked ones where a run's code lives, and the hash of the diff from the commit to that
+tree, whose text the driver keeps as git.diff; ignored files, other untracked ones and the run's own outputs never
+count."""
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,7 @@ def repo(tmp_path, monkeypatch) -> Path:
     git(tmp_path, "config", "user.email", "t@example.com")
     git(tmp_path, "config", "user.name", "t")
     (tmp_path / "code.py").write_text("x = 1\n")
-    (tmp_path / ".gitignore").write_text("multirun/\n")
+    (tmp_path / ".gitignore").write_text("multirun/\nharness/*.pyc\n")
     (tmp_path / "results" / "run").mkdir(parents=True)
     (tmp_path / "results" / "run" / "summary.json").write_text("{}\n")
     git(tmp_path, "add", "-A")
@@ -35,6 +36,8 @@ def repo(tmp_path, monkeypatch) -> Path:
 
 def test_a_clean_tree_names_its_commit_alone_whatever_is_untracked_ignored_or_the_runs_own(repo):
     (repo / "notes.txt").write_text("untracked\n")
+    (repo / "harness").mkdir()
+    (repo / "harness" / "mod.pyc").write_bytes(b"ignored")
     (repo / "multirun").mkdir()
     (repo / "multirun" / "out.json").write_text("{}\n")
     (repo / "results" / "run" / "summary.json").write_text('{"status": "ok"}\n')  # the run writing its own file
@@ -51,6 +54,22 @@ def test_a_dirty_tree_names_the_modified_files_and_the_hash_of_the_diff_it_keeps
     assert "-x = 1" in diff and "+x = 2" in diff
     assert facts["git_diff_sha256"] == hashlib.sha256(diff.encode()).hexdigest()
     assert diff == git(repo, "diff", "HEAD", "--binary")  # the text a reader applies to the commit
+
+
+def test_an_untracked_file_where_the_run_code_lives_counts_and_its_diff_creates_it(repo, tmp_path_factory):
+    """A module added since the commit (on a machine that received the tree, not the commit) is code that ran."""
+    (repo / "harness").mkdir()
+    (repo / "harness" / "new_module.py").write_text("y = 3\n")
+    (repo / "code.py").write_text("x = 2\n")
+    (repo / "notes.txt").write_text("not where code lives\n")
+    facts, diff = envinfo.git_state(repo / "multirun" / "run")
+    assert facts["git_dirty_files"] == ["code.py", "harness/new_module.py"]
+    assert facts["git_diff_sha256"] == hashlib.sha256(diff.encode()).hexdigest()
+    clone = tmp_path_factory.mktemp("clone")  # the commit and the kept diff rebuild the tree that ran
+    git(clone, "clone", "-q", str(repo), ".")
+    subprocess.run(["git", "apply", "-"], cwd=clone, input=diff, text=True, check=True)
+    assert (clone / "harness" / "new_module.py").read_text() == "y = 3\n"
+    assert (clone / "code.py").read_text() == "x = 2\n" and not (clone / "notes.txt").exists()
 
 
 def test_summary_json_records_how_far_the_point_went_over_its_budget():

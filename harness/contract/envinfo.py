@@ -1,9 +1,11 @@
 """env.json: what produced a run (code version, library versions, GPUs, allocator settings).
 
-The code is named by its commit (`git_sha`) and, where the tree differed from it, by what differed: the tracked files
-modified against HEAD (`git_dirty_files`) and the SHA-256 of `git diff HEAD --binary` over them (`git_diff_sha256`),
-whose text the driver keeps beside env.json (runfiles.DIFF). Untracked and ignored files never count, nor the run's own
-outputs where the run dir lies in the repository."""
+The code is named by its commit (`git_sha`) and, where the tree differed from it, by what differed
+(`git_dirty_files`): the tracked files modified against HEAD, and the untracked files where a run's code and configs
+live (RUN_SOURCES: a new module imported, a new experiment composed, though never committed). `git_diff_sha256` is the
+SHA-256 of the diff that turns the commit into that tree: `git diff HEAD --binary`, then each such untracked file as
+a new file, whose text the driver keeps beside env.json (runfiles.DIFF). Ignored files never count, nor untracked
+ones elsewhere (notes, a wheel folder), nor the run's own outputs where the run dir lies in the repository."""
 from __future__ import annotations
 
 import hashlib
@@ -17,14 +19,15 @@ from typing import Any
 from harness.contract.schema.config import Config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN_SOURCES = ("harness", "conf", "experiments")  # where an untracked file can change what a run does
 
 
-def _git(*args: str, strip: bool = True) -> str | None:
+def _git(*args: str, strip: bool = True, ok_codes: tuple[int, ...] = (0,)) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0:
+    if out.returncode not in ok_codes:
         return None
     return out.stdout.strip() if strip else out.stdout
 
@@ -32,17 +35,30 @@ def _git(*args: str, strip: bool = True) -> str | None:
 def git_state(run_dir: Path | None = None) -> tuple[dict[str, Any], str | None]:
     """(env.json's git keys, the diff text or None where the tree matched its commit); the run dir's own files are
     left out where it lies in the repository. Without git (or outside a checkout) every value is None."""
-    pathspec = ["--", "."]
+    exclude = []
     if run_dir is not None and Path(run_dir).resolve().is_relative_to(REPO_ROOT):
-        pathspec.append(f":(exclude){Path(run_dir).resolve().relative_to(REPO_ROOT)}")
-    names = _git("diff", "HEAD", "--name-only", *pathspec)
-    diff = _git("diff", "HEAD", "--binary", *pathspec, strip=False) if names else None
+        exclude.append(f":(exclude){Path(run_dir).resolve().relative_to(REPO_ROOT)}")
+    names = _git("diff", "HEAD", "--name-only", "--", ".", *exclude)
+    untracked = _git("ls-files", "--others", "--exclude-standard", "--", *RUN_SOURCES, *exclude)
+    if names is None or untracked is None:
+        names = untracked = None
+    added = untracked.splitlines() if untracked else []
+    dirty = (names.splitlines() if names else []) + added
+    diff = None
+    if dirty:
+        diff = (_git("diff", "HEAD", "--binary", "--", ".", *exclude, strip=False) if names else "") + \
+            "".join(_new_file_diff(path) for path in added)
     return {
         "git_sha": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(names) if names is not None else None,
-        "git_dirty_files": names.splitlines() if names else ([] if names is not None else None),
+        "git_dirty": bool(dirty) if names is not None else None,
+        "git_dirty_files": dirty if names is not None else None,
         "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
     }, diff
+
+
+def _new_file_diff(path: str) -> str:
+    """An untracked file as a diff that creates it (git's own format; exit code 1 means the files differ)."""
+    return _git("diff", "--no-index", "--binary", "--", "/dev/null", path, strip=False, ok_codes=(0, 1)) or ""
 
 
 def _version(package: str) -> str | None:
