@@ -129,6 +129,28 @@ def harness_run(tmp_path: Path, *overrides: str, multirun: bool = False, fast: l
                           env=env or driver_env(**slurm))
 
 
+def replace_launch(monkeypatch, wall_time_s: float = 1.0) -> list[Path]:
+    """The driver's record_point without Hydra's runtime or ranks: the earlier attempt is set aside as start_attempt
+    does, and the launch writes env.json as run_point does and ends `died` under debug.fault=kill, else `ok`, after
+    `wall_time_s`. Returns the run dirs launched."""
+    from harness.contract import runfiles
+    from harness.contract.envinfo import collect_env
+    from harness.driver import app
+
+    launched: list[Path] = []
+
+    def run_point(config, run_dir, place):
+        launched.append(run_dir)
+        runfiles.write_json(run_dir / runfiles.ENV, collect_env(config, run_dir)[0])
+        status = "died" if config.debug.fault == "kill" else "ok"
+        return app.build_summary(config.written, status, None, [], wall_time_s, {})
+
+    monkeypatch.setattr(app, "start_attempt", lambda run_dir, cfg: runfiles.set_aside_previous_attempt(run_dir))
+    monkeypatch.setattr(app, "run_point", run_point)
+    monkeypatch.setattr(app.console, "phase_table", lambda summary: None)
+    return launched
+
+
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     """A run dir's steps.jsonl rows and summary.json."""
     return read_jsonl(run_dir / "steps.jsonl"), json.loads((run_dir / "summary.json").read_text())

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import harness_run
+from conftest import harness_run, replace_launch
 from harness.config.compose import compose_point
 from harness.contract import runfiles
-from harness.contract.envinfo import collect_env
 from harness.contract.runfiles import read_jsonl
 from harness.driver import app, resume
 from harness.driver.sinks import write_sweep_index
@@ -21,22 +20,8 @@ KEPT_LINE = "(ok, same config and code)"
 
 
 @pytest.fixture
-def driver(monkeypatch):
-    """record_point without Hydra's runtime or ranks: the earlier attempt is set aside as start_attempt does, and
-    the launch writes env.json as run_point does and ends `died` under debug.fault=kill, else `ok`. Returns the
-    run dirs launched."""
-    launched: list[Path] = []
-
-    def run_point(config, run_dir, place):
-        launched.append(run_dir)
-        runfiles.write_json(run_dir / runfiles.ENV, collect_env(config, run_dir)[0])
-        status = "died" if config.debug.fault == "kill" else "ok"
-        return app.build_summary(config.written, status, None, [], 1.0, {})
-
-    monkeypatch.setattr(app, "start_attempt", lambda run_dir, cfg: runfiles.set_aside_previous_attempt(run_dir))
-    monkeypatch.setattr(app, "run_point", run_point)
-    monkeypatch.setattr(app.console, "phase_table", lambda summary: None)
-    return launched
+def driver(monkeypatch) -> list[Path]:
+    return replace_launch(monkeypatch)
 
 
 def record(run_dir: Path, *overrides: str) -> str:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import replace_launch
 from harness.config.compose import compose_point
 from harness.contract import runfiles
-from harness.contract.envinfo import collect_env
 from harness.contract.errors import ConfigError
 from harness.driver import app, stop_at
 from harness.driver.validate import validate
@@ -20,19 +20,8 @@ POINT = ["model=tiny", "logger=none", "train.warmup_steps=0", "train.measure_ste
 
 
 @pytest.fixture
-def launched(monkeypatch):
-    """The run dirs record_point launched; each launch writes env.json and records a wall time of 100 s."""
-    runs: list[Path] = []
-
-    def run_point(config, run_dir, place):
-        runs.append(run_dir)
-        runfiles.write_json(run_dir / runfiles.ENV, collect_env(config, run_dir)[0])  # as run_point does
-        return app.build_summary(config.written, "ok", None, [], 100.0, {})
-
-    monkeypatch.setattr(app, "start_attempt", lambda run_dir, cfg: runfiles.set_aside_previous_attempt(run_dir))
-    monkeypatch.setattr(app, "run_point", run_point)
-    monkeypatch.setattr(app.console, "phase_table", lambda summary: None)
-    return runs
+def launched(monkeypatch) -> list[Path]:
+    return replace_launch(monkeypatch, wall_time_s=100.0)  # each launch records a wall time of 100 s
 
 
 def record(run_dir: Path, *overrides: str) -> str:
