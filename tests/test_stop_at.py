@@ -1,16 +1,17 @@
 """sweep.stop_at: a sweep starts no point it could not finish by then, going by the longest point it has recorded;
 such a point is recorded `skipped` (not a success) and a later call with sweep.resume=true runs it
 (harness/driver/stop_at.py). In process through the driver's record_point with the launch replaced, as
-tests/test_resume.py does."""
+tests/test_resume.py does, and once through the real driver, two calls of one sweep."""
 import json
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import replace_launch
+from conftest import harness_run, replace_launch
 from harness.config.compose import compose_point
 from harness.contract import runfiles
+from harness.contract.runfiles import read_jsonl
 from harness.contract.errors import ConfigError
 from harness.driver import app, stop_at
 from harness.driver.validate import validate
@@ -26,7 +27,7 @@ def launched(monkeypatch) -> list[Path]:
 
 def record(run_dir: Path, *overrides: str) -> str:
     run_dir.mkdir(parents=True, exist_ok=True)
-    return app.record_point(compose_point([*POINT, *overrides]), run_dir, PLACE)
+    return app.record_point(compose_point([*POINT, *overrides]), run_dir, PLACE, sweep_dir=run_dir.parent)
 
 
 def test_a_point_that_could_not_finish_in_time_is_skipped_and_a_later_call_runs_it(tmp_path, launched):
@@ -53,9 +54,10 @@ def test_the_time_needed_is_the_longest_wall_a_sibling_recorded(tmp_path):
     (tmp_path / "3_bad" / runfiles.SUMMARY).write_text("[1, 2]")  # no object: tells nothing
     this = tmp_path / "4_this"
     assert stop_at.longest_point_s(tmp_path, this) == 130.5
-    assert stop_at.reason_to_skip(None, this, now=0.0) is None
-    assert stop_at.reason_to_skip(1000.0, this, now=1000.0 - 131) is None
-    assert stop_at.reason_to_skip(1000.0, this, now=1000.0 - 130).startswith("sweep.stop_at: 130 s left")
+    assert stop_at.reason_to_skip(None, this, tmp_path, now=0.0) is None
+    assert stop_at.reason_to_skip(1000.0, this, tmp_path, now=1000.0 - 131) is None
+    assert stop_at.reason_to_skip(1000.0, this, tmp_path, now=1000.0 - 130).startswith("sweep.stop_at: 130 s left")
+    assert stop_at.reason_to_skip(1000.0, this, None, now=1000.0 - 130) is None  # a single run: nothing to go by
     assert stop_at.longest_point_s(tmp_path / "1_b", tmp_path / "1_b" / "x") is None
 
 
@@ -69,3 +71,20 @@ def test_stop_at_is_refused_on_several_nodes():
     resolved = app.resolved_or_written(compose_point([*POINT, "sweep.stop_at=2000000000", "launcher.nnodes=2"]))[0]
     with pytest.raises(ConfigError, match="sweep.stop_at: one node only"):
         validate(resolved, 0)
+
+
+@pytest.mark.slow
+def test_a_sweep_past_its_stop_at_skips_its_later_point_and_the_next_call_runs_it(tmp_path):
+    sweep = ("logger=none", "train.seed=1,2")
+    first = harness_run(tmp_path, *sweep, f"sweep.stop_at={time.time() + 1}", multirun=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    sweep_dir = tmp_path / "sweep"
+    index = read_jsonl(sweep_dir / runfiles.INDEX)
+    assert [line["status"] for line in index] == ["ok", "skipped"]  # the first starts: nothing to go by yet
+    assert "skipped: sweep.stop_at: 0 s left" in first.stderr
+
+    second = harness_run(tmp_path, *sweep, f"sweep.stop_at={time.time() + 3600}", "sweep.resume=true",
+                         multirun=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert [line["status"] for line in read_jsonl(sweep_dir / runfiles.INDEX)] == ["ok", "ok"]
+    assert second.stdout.count("kept: ") == 1

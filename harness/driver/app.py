@@ -181,7 +181,7 @@ def drive(cfg: DictConfig) -> str:
     signals.install()  # also where a cluster job runs this point without main()
     try:
         with signals.interruptible():
-            status = record_point(cfg, run_dir, place)
+            status = record_point(cfg, run_dir, place, sweep_dir=run_dir.parent if multirun else None)
     except stops.Terminated:  # SIGTERM outside SLURM while the driver itself ran (run_workers handles it there)
         status = record_failure(cfg, run_dir, place, "preempted", "SIGTERM in the driver")
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGHUP outside the ranks' run (run_workers handles them there)
@@ -227,9 +227,10 @@ def resolved_or_written(cfg: DictConfig) -> tuple[dict, ConfigError | None]:
         return OmegaConf.to_container(cfg), error
 
 
-def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
+def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace, sweep_dir: Path | None = None) -> str:
     """Validate, run and record one point (node 0 records it), or, with sweep.resume=true, keep its earlier ok
-    attempt, or, under sweep.stop_at, record it skipped where it could not finish in time; returns its status."""
+    attempt, or, under sweep.stop_at, record it skipped where it could not finish in time going by the points of
+    `sweep_dir` (None: a single run, nothing to go by); returns its status."""
     known, unresolved = resolved_or_written(cfg)
     if unresolved is None and resume.requested(known) and \
             resume.keeps_earlier_attempt(run_dir, lambda: checked_config(known, place)):
@@ -251,7 +252,7 @@ def record_point(cfg: DictConfig, run_dir: Path, place: nodes.NodePlace) -> str:
         if place.primary:
             write_json(run_dir / runfiles.SUMMARY, build_summary(known, "config_error", str(error), [], 0.0, {}))
         return "config_error"
-    too_late = stop_at.reason_to_skip(config.sweep.stop_at, run_dir)
+    too_late = stop_at.reason_to_skip(config.sweep.stop_at, run_dir, sweep_dir)
     if too_late is not None:  # not started: a later call of the sweep runs it (harness/driver/stop_at.py)
         console.error(f"skipped: {too_late}")
         if place.primary:

@@ -5,7 +5,8 @@ end of its machine's time costs its minutes and keeps nothing; a skipped one cos
 
 What a point takes is read from this sweep's own earlier points: the longest wall time (launch to the ranks' exit)
 recorded by a sibling's summary.json in the sweep folder, an earlier call's included. Before any point has finished
-there is nothing to go by, so the sweep's first point always starts: set stop_at with that much to spare.
+there is nothing to go by, so the sweep's first point always starts: set stop_at with that much to spare. A single
+run (no multirun) always starts too: its folder lies among unrelated runs.
 """
 from __future__ import annotations
 
@@ -31,13 +32,15 @@ def longest_point_s(sweep_dir: Path, this_point: Path) -> float | None:
     return max(walls, default=None)
 
 
-def reason_to_skip(stop_at: float | None, run_dir: Path, now: float | None = None) -> str | None:
-    """Why this point must not start before `stop_at` (sweep.stop_at), or None where it may (no stop_at, nothing
-    to go by, or time for a point as long as the sweep's longest)."""
-    if stop_at is None:
+def reason_to_skip(stop_at: float | None, run_dir: Path, sweep_dir: Path | None,
+                   now: float | None = None) -> str | None:
+    """Why this point must not start before `stop_at` (sweep.stop_at), or None where it may: no stop_at, no sweep
+    (a single run's folder lies among unrelated runs), nothing recorded to go by, or time for a point as long as the
+    sweep's longest."""
+    if stop_at is None or sweep_dir is None:
         return None
     left = stop_at - (time.time() if now is None else now)
-    needed = longest_point_s(run_dir.parent, run_dir)
+    needed = longest_point_s(sweep_dir, run_dir)
     if needed is None or left >= needed:
         return None
     return (f"sweep.stop_at: {max(left, 0):.0f} s left, and a point of this sweep has taken {needed:.0f} s "

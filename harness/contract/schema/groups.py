@@ -203,6 +203,13 @@ class LauncherConfig(Group):
     # The harness log lines shown (harness/contract/logs.py); ranks prefix theirs with [rank N].
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
+    @classmethod
+    def check(cls, cfg: Mapping[str, Any]) -> None:
+        """sweep.stop_at on one node only (here: the sweep group is also checked alone, for the sweep's name)."""
+        if cfg["sweep"]["stop_at"] is not None and cfg["launcher"]["nnodes"] > 1:
+            raise ConfigError("sweep.stop_at", f"one node only: with launcher.nnodes={cfg['launcher']['nnodes']} "
+                              "the nodes could judge the time left differently and part of a point start")
+
 
 @dataclass(frozen=True)
 class LoggerConfig(Group):
@@ -309,10 +316,4 @@ class SweepConfig(Group):
     # seconds since the epoch (null: none): a point that could not finish by then, going by the longest point this
     # sweep has recorded, is not started but recorded `skipped` (harness/driver/stop_at.py), so a call with a time
     # limit ends between points; one node only (nodes could judge the time left differently).
-    stop_at: Annotated[Optional[float], POSITIVE]
-
-    @classmethod
-    def check(cls, cfg: Mapping[str, Any]) -> None:
-        if cfg["sweep"]["stop_at"] is not None and cfg["launcher"]["nnodes"] > 1:
-            raise ConfigError("sweep.stop_at", f"one node only: with launcher.nnodes={cfg['launcher']['nnodes']} "
-                              "the nodes could judge the time left differently and part of a point start")
+    stop_at: Annotated[Optional[float], POSITIVE]  # (its rule with launcher.nnodes: LauncherConfig.check)
