@@ -7,8 +7,8 @@ What is compared, and why each:
 - config.yaml against the config this attempt would write (validated, its step counts settled: what the driver
   writes), key by key. Only keys that cannot change what an `ok` point measured may differ (CHANGEABLE): the
   watchdogs' timeouts (an ok point ended before any of them), the log level (lines printed), sweep.stop_at (when a
-  call ends), and sweep.resume and sweep.strict themselves (the exit code). Every other key counts, the logger too: a kept point has only the W&B
-  run its own attempt made.
+  call ends), and sweep.resume and sweep.strict themselves (the exit code). Every other key counts, the logger too:
+  a kept point has only the W&B run its own attempt made.
 - env.json against this checkout and machine (harness/contract/envinfo.py), key by key over SAME_ENV: the commit
   and the hash of the uncommitted diff name the code; the library versions and the GPU model and count name what
   it ran on, since a point measured on another GPU or torch is no repeat of this one. Hostnames may differ (a
