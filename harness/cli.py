@@ -4,6 +4,7 @@
     harness bench SWEEP_DIR [...]            the offload benchmark's ratios
     harness plan --profile P --budget-gb X   the offload planner on a saved profile (dry run)
     harness plan --out-of-sample SWEEP_DIR   each point planned from the other profiles of its shape
+    harness archive SWEEP_DIR RESULTS_DIR    a sweep's small run files, for committing under results/
 
 Runs themselves start with `python -m harness.run` (or `harness-run`), the Hydra app.
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUBCOMMANDS = {"report": "analysis.report", "bench": "analysis.bench", "plan": "harness.offload.plan_cli"}
+SUBCOMMANDS = {"report": "analysis.report", "bench": "analysis.bench", "plan": "harness.offload.plan_cli",
+               "archive": "analysis.archive"}
 
 
 def main(argv: list[str] | None = None) -> None:

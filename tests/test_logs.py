@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Where a print is the point: the driver's console (its table and status lines), the command-line entry points,
 # and the report's notebooks and their shared set-up, whose printed lines are the report's cell output.
 PRINTING = {"harness/driver/console.py", "harness/cli.py", "harness/offload/plan_cli.py", "harness/cluster/preview.py",
-            "analysis/bench.py", "analysis/report.py", "analysis/notebook.py", "analysis/fixtures/make_fixture.py"}
+            "analysis/bench.py", "analysis/report.py", "analysis/archive.py", "analysis/notebook.py",
+            "analysis/fixtures/make_fixture.py"}
 
 
 @pytest.fixture

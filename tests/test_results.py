@@ -15,7 +15,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 CAMPAIGNS = sorted(path.parent for path in RESULTS.glob("*/sweep"))
 REBUILT_SUFFIXES = (".md", ".tex", ".csv")  # text files; PNG/PDF bytes depend on the matplotlib build
 RUN_FILES = {"config.yaml", "env.json", "worker.json", "summary.json", "steps.jsonl", "profile.json", "plan.json",
-             "git.diff"}
+             "git.diff", "memory_trace.json", "profiled_step.json"}  # what `harness archive` keeps (analysis/archive.py)
 # A campaign's README line for points recorded before env.json named the diff of a dirty tree (not rewritten).
 LEGACY_PROVENANCE = "Provenance: legacy"
 

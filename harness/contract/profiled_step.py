@@ -11,12 +11,13 @@ dir needs it. Read as JSON only, through safe_read (a trace is data, never code)
   their thread), where a graph break or an eager fallback runs; an eager optimizer's step and autograd's gradient
   accumulation count too, in every arm alike.
 Each is a union of intervals per host thread, so an event nested in another of its kind counts once.
+A committed campaign keeps these sums instead of the trace (profiled_step.json, written by `harness archive`).
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,24 @@ def read_profiled_step(path: Path, root: Path | None = None) -> ProfiledStep | N
     """The profiled step of a run dir's torch_trace.json, None without the file; safe_read.RefusedFile, OSError,
     ValueError (not JSON) or NotAProfiledStep for a file that is not one."""
     return safe_read.read_optional_json(path, root, profiled_step)
+
+
+def from_record(record: Any) -> ProfiledStep:
+    """profiled_step.json's object as a ProfiledStep: exactly its fields, seconds as finite numbers >= 0 and counts as
+    integers >= 0; NotAProfiledStep for anything else."""
+    names = [field.name for field in fields(ProfiledStep)]
+    if not isinstance(record, Mapping) or sorted(record) != sorted(names):
+        raise NotAProfiledStep(f"not a profiled step's sums (the keys {', '.join(names)})")
+    for name in names:
+        value = record[name]
+        counted = not name.endswith("_s")
+        usable = type(value) is int if counted else type(value) in (int, float) and value == value != float("inf")
+        if not usable or value < 0:
+            raise NotAProfiledStep(f"{name}: must be {'a count' if counted else 'seconds'} >= 0, got {value!r}")
+    return ProfiledStep(**{name: record[name] for name in names})
+
+
+def read_profiled_sums(path: Path, root: Path | None = None) -> ProfiledStep | None:
+    """A committed run dir's profiled_step.json, None without the file; as read_profiled_step for one that is not
+    one."""
+    return safe_read.read_optional_json(path, root, from_record)

@@ -22,7 +22,7 @@ import yaml
 from harness.contract import arm_targets, runfiles, safe_read
 from harness.contract.checks import is_finite_number, lookup
 from harness.contract.config_types import ArmClassOf, wrong_types
-from harness.contract.profiled_step import ProfiledStep, read_profiled_step
+from harness.contract.profiled_step import ProfiledStep, read_profiled_step, read_profiled_sums
 from harness.contract.retry_trace import RetryTrace, read_retry_trace
 from harness.contract.statuses import STATUSES
 
@@ -117,8 +117,14 @@ def read_point(sweep_dir: Path, run_dir: str, overrides: list[str], problems: li
     plan = read_plan(path / runfiles.PLAN, problems, root=sweep_dir)
     return RunFiles(run_dir, overrides, config, summary, env, steps, plan,
                     read_recorded(read_retry_trace, path / runfiles.MEMORY_TRACE, problems, sweep_dir, "retry causes"),
-                    read_recorded(read_profiled_step, path / runfiles.TORCH_TRACE, problems, sweep_dir,
-                                  "profiled-step columns"))
+                    read_profiled(path, problems, sweep_dir))
+
+
+def read_profiled(path: Path, problems: list[Problem], root: Path) -> ProfiledStep | None:
+    """The profiled step of a run dir: from its trace, or, in a committed campaign, from the sums kept instead."""
+    if (path / runfiles.TORCH_TRACE).exists():
+        return read_recorded(read_profiled_step, path / runfiles.TORCH_TRACE, problems, root, "profiled-step columns")
+    return read_recorded(read_profiled_sums, path / runfiles.PROFILED_STEP, problems, root, "profiled-step columns")
 
 
 def read_recorded(read: Callable[[Path, Path | None], Facts | None], recorded_file: Path, problems: list[Problem],

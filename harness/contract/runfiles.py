@@ -35,6 +35,7 @@ TORCH_TRACE = "torch_trace.json"            # debug.profile_step
 TORCH_OPS = "torch_ops.txt"
 MEMORY_SNAPSHOT = "memory_snapshot.pickle"  # debug.memory_trace_step
 MEMORY_TRACE = "memory_trace.json"
+PROFILED_STEP = "profiled_step.json"        # a committed campaign's torch_trace.json, summed (harness archive)
 WANDB_DIR = "wandb"
 RANK_ERRORS = "error.rank*.json"            # glob patterns of rank_error and node_failure
 NODE_FAILURES = "node*.failed.json"

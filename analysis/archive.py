@@ -1,0 +1,111 @@
+"""`harness archive SWEEP_DIR RESULTS_DIR`: the run files of a sweep that a committed campaign keeps, copied into
+results/<campaign>/sweep/ (then `harness report` makes its report from them, and CI rebuilds it from the same files).
+
+Kept, per point: what the tables read and what names the code that ran (KEPT), each at most MAX_FILE_BYTES; never
+the worker logs, W&B folders, compile caches, earlier attempts or the allocator's pickled snapshot. A profiled step's
+Chrome trace (torch_trace.json, megabytes) is kept as what the tables read of it: its seconds by where they went
+(profiled_step.json, harness/contract/profiled_step.py), which the reader takes where the trace is absent. The
+sweep's index lines come along, so a later archive into the same folder (a campaign run in parts, or repeats folded
+into it) adds its points beside the earlier ones; a point already there is refused, never overwritten. Every file
+is read as a run file is (harness/contract/safe_read.py): nothing outside the sweep dir, nothing but regular files.
+
+    harness archive multirun/retry_causes/run1 results/retry_causes/sweep
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from harness.contract import reader, runfiles, safe_read
+from harness.contract.profiled_step import read_profiled_step
+
+KEPT = (runfiles.CONFIG, runfiles.ENV, runfiles.WORKER, runfiles.SUMMARY, runfiles.STEPS, runfiles.PROFILE,
+        runfiles.PLAN, runfiles.DIFF, runfiles.MEMORY_TRACE)
+MAX_FILE_BYTES = 8 * 2**20  # results hold small files; the largest kept today is a profile.json of ~0.3 MB
+
+
+class ArchiveError(Exception):
+    """Why nothing was archived: one line."""
+
+
+def archive(sweep_dir: Path, out_dir: Path) -> list[str]:
+    """Copy the sweep's kept files into out_dir (its run dirs and index lines); returns the run dirs archived.
+    ArchiveError, before anything is written, where a point is already in out_dir or a kept file cannot be read."""
+    problems: list[reader.Problem] = []
+    listed = reader.read_index(sweep_dir, problems)
+    names = [name for name in reader.run_dirs(sweep_dir, listed, problems) if name != "."]
+    if problems:
+        raise ArchiveError(problems[0].line())
+    if not names:
+        raise ArchiveError(f"{sweep_dir}: no run dirs (a sweep dir holds one folder per point)")
+    taken = [name for name in names if (out_dir / name).exists()]
+    if taken:
+        raise ArchiveError(f"{out_dir / taken[0]}: already archived (a point is never overwritten)")
+    points = {name: point_files(sweep_dir, name) for name in names}
+    for name, files in points.items():
+        (out_dir / name).mkdir(parents=True)
+        for file_name, text in files.items():
+            (out_dir / name / file_name).write_text(text)
+    append_index(sweep_dir, out_dir, names)
+    return names
+
+
+def point_files(sweep_dir: Path, name: str) -> dict[str, str]:
+    """file name -> text of one point's kept files, with profiled_step.json made from its trace."""
+    run_dir = sweep_dir / name
+    files = {}
+    for file_name in KEPT:
+        try:
+            files[file_name] = safe_read.read_text(run_dir / file_name, sweep_dir, MAX_FILE_BYTES)
+        except FileNotFoundError:
+            continue
+        except (OSError, safe_read.RefusedFile) as error:
+            raise ArchiveError(f"{run_dir / file_name}: {error}") from None
+    try:
+        step = read_profiled_step(run_dir / runfiles.TORCH_TRACE, sweep_dir)
+    except (OSError, ValueError) as error:  # RefusedFile and NotAProfiledStep are ValueErrors
+        raise ArchiveError(f"{run_dir / runfiles.TORCH_TRACE}: {error}") from None
+    if step is not None:
+        files[runfiles.PROFILED_STEP] = json.dumps(dataclasses.asdict(step), indent=1) + "\n"
+    return files
+
+
+def append_index(sweep_dir: Path, out_dir: Path, names: list[str]) -> None:
+    """The sweep's index lines of the archived points, after those out_dir's index already holds (a point the
+    driver never indexed gets none, as in its sweep)."""
+    try:
+        lines = safe_read.read_text(sweep_dir / runfiles.INDEX, sweep_dir).splitlines()
+    except FileNotFoundError:
+        return
+    archived = set(names)
+    kept = [line for line in lines if line.strip() and _run_dir(line) in archived]
+    with open(out_dir / runfiles.INDEX, "a") as index:
+        index.writelines(line + "\n" for line in kept)
+
+
+def _run_dir(index_line: str) -> str | None:
+    """The run dir an index line names (read_index has refused the sweep's unreadable lines already)."""
+    entry = safe_read.parse_json(index_line, runfiles.INDEX)
+    return entry.get("run_dir") if isinstance(entry, dict) else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harness archive", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", type=Path, help="a sweep dir (multirun/NAME/STAMP)")
+    parser.add_argument("out_dir", type=Path, help="where the campaign's run files go (results/NAME/sweep)")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        print(f"error: {args.sweep_dir}: not a directory", file=sys.stderr)
+        return 2
+    try:
+        names = archive(args.sweep_dir, args.out_dir)
+    except ArchiveError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"archived {len(names)} point(s) into {args.out_dir}; next: harness report {args.out_dir} "
+          f"--out {args.out_dir.parent / 'report'}")
+    return 0
