@@ -6,7 +6,8 @@ the worker logs, W&B folders, compile caches, earlier attempts or the allocator'
 Chrome trace (torch_trace.json, megabytes) is kept as what the tables read of it: its seconds by where they went
 (profiled_step.json, harness/contract/profiled_step.py), which the reader takes where the trace is absent. The
 sweep's index lines come along, so a later archive into the same folder (a campaign run in parts, or repeats folded
-into it) adds its points beside the earlier ones; a point already there is refused, never overwritten. Every file
+into it) adds its points beside the earlier ones; a point already there is refused, never overwritten. A point
+with no summary.json (one a call's end killed) holds no result and is left out, named on stderr. Every file
 is read as a run file is (harness/contract/safe_read.py): nothing outside the sweep dir, nothing but regular files.
 
     harness archive multirun/retry_causes/run1 results/retry_causes/sweep
@@ -32,16 +33,19 @@ class ArchiveError(Exception):
     """Why nothing was archived: one line."""
 
 
-def archive(sweep_dir: Path, out_dir: Path) -> list[str]:
-    """Copy the sweep's kept files into out_dir (its run dirs and index lines); returns the run dirs archived.
+def archive(sweep_dir: Path, out_dir: Path) -> tuple[list[str], list[str]]:
+    """Copy the sweep's kept files into out_dir (its run dirs and index lines); returns the run dirs archived and
+    those left out because they hold no summary.json (a point its call's end killed: no result, run it again).
     ArchiveError, before anything is written, where a point is already in out_dir or a kept file cannot be read."""
     problems: list[reader.Problem] = []
     listed = reader.read_index(sweep_dir, problems)
-    names = [name for name in reader.run_dirs(sweep_dir, listed, problems) if name != "."]
+    found = [name for name in reader.run_dirs(sweep_dir, listed, problems)
+             if name != "." and (sweep_dir / name).is_dir()]
     if problems:
         raise ArchiveError(problems[0].line())
+    names = [name for name in found if (sweep_dir / name / runfiles.SUMMARY).is_file()]
     if not names:
-        raise ArchiveError(f"{sweep_dir}: no run dirs (a sweep dir holds one folder per point)")
+        raise ArchiveError(f"{sweep_dir}: no finished points (run dirs with a summary.json)")
     taken = [name for name in names if (out_dir / name).exists()]
     if taken:
         raise ArchiveError(f"{out_dir / taken[0]}: already archived (a point is never overwritten)")
@@ -51,7 +55,7 @@ def archive(sweep_dir: Path, out_dir: Path) -> list[str]:
         for file_name, text in files.items():
             (out_dir / name / file_name).write_text(text)
     append_index(sweep_dir, out_dir, names)
-    return names
+    return names, [name for name in found if name not in names]
 
 
 def point_files(sweep_dir: Path, name: str) -> dict[str, str]:
@@ -102,10 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {args.sweep_dir}: not a directory", file=sys.stderr)
         return 2
     try:
-        names = archive(args.sweep_dir, args.out_dir)
+        names, unfinished = archive(args.sweep_dir, args.out_dir)
     except ArchiveError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    for name in unfinished:
+        print(f"left out {args.sweep_dir / name}: no summary.json (unfinished)", file=sys.stderr)
     print(f"archived {len(names)} point(s) into {args.out_dir}; next: harness report {args.out_dir} "
           f"--out {args.out_dir.parent / 'report'}")
     return 0

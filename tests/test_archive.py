@@ -43,7 +43,10 @@ def sweep(tmp_path):
 
 def test_the_kept_files_come_along_and_the_trace_as_its_sums_which_the_reader_reads_alike(sweep, tmp_path):
     out = tmp_path / "results" / "sweep"
-    assert archive(sweep, out) == list(POINTS)
+    (sweep / "2_unfinished").mkdir()  # a point its call's end killed: config, no summary
+    shutil.copy(sweep / POINTS[0] / runfiles.CONFIG, sweep / "2_unfinished" / runfiles.CONFIG)
+    assert archive(sweep, out) == (list(POINTS), ["2_unfinished"])
+    assert not (out / "2_unfinished").exists()
     ours = out / POINTS[0]
     assert {path.name for path in ours.iterdir()} == {*(name for name in KEPT if (sweep / POINTS[0] / name).exists()),
                                                        runfiles.PROFILED_STEP}
@@ -72,7 +75,7 @@ def test_a_second_archive_adds_its_points_and_never_overwrites_one(sweep, tmp_pa
     later.mkdir()
     shutil.copytree(sweep / POINTS[1], later / "2_again")
     (later / runfiles.INDEX).write_text(json.dumps({"run_dir": "2_again", "overrides": []}) + "\n")
-    assert archive(later, out) == ["2_again"]
+    assert archive(later, out) == (["2_again"], [])
     assert [json.loads(line)["run_dir"] for line in (out / runfiles.INDEX).read_text().splitlines()] == \
         [*POINTS, "2_again"]
 
