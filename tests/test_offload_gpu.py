@@ -13,8 +13,7 @@
 Runs are kept under $OFFLOAD_GPU_RUNS (default: a pytest temp dir) and reused by name when they finished ok, so
 separate invocations share the deepcompile baseline. $OFFLOAD_GPU_DEADLINE (seconds since the epoch) skips a test
 whose next run could not finish before it (a run is budgeted as long as the longest kept run, at least
-OFFLOAD_GPU_RUN_S, default 180 s), so a time-limited
-session ends between runs, not inside one, and its next invocation goes on from the runs kept. Run the points one at a time, never side by side on one GPU:
+OFFLOAD_GPU_RUN_S, default 180 s), so a time-limited session ends between runs, not inside one, and its next invocation goes on from the runs kept. Run the points one at a time, never side by side on one GPU:
 DeepCompile adds the device memory used outside the process's allocator to every profiled peak, so a neighbour
 inflates the profile (seen: a 46.6 GB forward peak instead of 9.05 GB) and every plan offloads everything. Each run gets its own inductor cache dir (inductor's cache
 key does not cover our ops), except the warm re-run, which reuses the forced-all run's on purpose.
@@ -59,7 +58,7 @@ def runs_dir(tmp_path_factory) -> Path:
 
 def skip_past_the_deadline(runs_dir: Path, runs: int = 1) -> None:
     """Skip (not fail) where `runs` more compiled runs would end after $OFFLOAD_GPU_DEADLINE: a run is taken to last
-    as long as the longest kept one (an accumulation run lasts twice a plain one), at least $OFFLOAD_GPU_RUN_S."""
+    as long as the longest kept one (an accumulation run lasts about twice a plain one), at least $OFFLOAD_GPU_RUN_S."""
     deadline = os.environ.get("OFFLOAD_GPU_DEADLINE")
     if not deadline:
         return
