@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import safe_read
+from harness.contract.checks import is_finite_number
 
 OUR_OPS_PREFIX = "offload_harness::"  # harness/offload/ops.py's NAMESPACE (the contract does not import the pass)
 SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize"})
@@ -159,7 +160,7 @@ def from_record(record: Any) -> ProfiledStep:
     for name in names:
         value = record[name]
         counted = not name.endswith("_s")
-        usable = type(value) is int if counted else type(value) in (int, float) and value == value != float("inf")
+        usable = type(value) is int if counted else is_finite_number(value)
         if not usable or value < 0:
             raise NotAProfiledStep(f"{name}: must be {'a count' if counted else 'seconds'} >= 0, got {value!r}")
     return ProfiledStep(**{name: record[name] for name in names})

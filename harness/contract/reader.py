@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
@@ -26,7 +26,6 @@ from harness.contract.profiled_step import ProfiledStep, read_profiled_step, rea
 from harness.contract.retry_trace import RetryTrace, read_retry_trace
 from harness.contract.statuses import STATUSES
 
-Facts = TypeVar("Facts")
 STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl line without these is unreadable
 # What made our pass's plan (plan.json's `rule`): a budget as DeepSpeed sizes it, the step model within a budget, or
 # the device rule without one. Plans from before the device rule name no rule.
@@ -127,8 +126,8 @@ def read_profiled(path: Path, problems: list[Problem], root: Path) -> ProfiledSt
     return read_recorded(read_profiled_sums, path / runfiles.PROFILED_STEP, problems, root, "profiled-step columns")
 
 
-def read_recorded(read: Callable[[Path, Path | None], Facts | None], recorded_file: Path, problems: list[Problem],
-                  root: Path | None, columns: str) -> Facts | None:
+def read_recorded(read: Callable[[Path, Path | None], safe_read.Facts | None], recorded_file: Path,
+                  problems: list[Problem], root: Path | None, columns: str) -> safe_read.Facts | None:
     """What a debug recorder's file says (`read`: retry_trace.read_retry_trace, profiled_step.read_profiled_step);
     None without the file or, with one line naming it and the `columns` left empty, for a file that is not one."""
     try:

@@ -70,7 +70,7 @@ def keeps_earlier_attempt(run_dir: Path, settle: Callable[[], schema.Config]) ->
 
 def judge(run_dir: Path, settle: Callable[[], schema.Config]) -> Verdict:
     """The verdict on run_dir's earlier attempt against this one (the module's docstring says what is compared)."""
-    status = _recorded(run_dir, runfiles.SUMMARY, safe_read.read_json, "status")
+    status = recorded(run_dir, runfiles.SUMMARY, safe_read.read_json, "status")
     if status is None:
         held = (run_dir / runfiles.CONFIG).exists()
         return Verdict(False, "its earlier attempt left no readable summary" if held else None)
@@ -80,17 +80,18 @@ def judge(run_dir: Path, settle: Callable[[], schema.Config]) -> Verdict:
         config = settle()
     except Exception as error:  # the attempt that runs fails the same way and records it
         return Verdict(False, f"its config does not check ({type(error).__name__})")
-    differs = config_difference(_recorded(run_dir, runfiles.CONFIG, safe_read.read_yaml), as_written(config))
+    differs = config_difference(recorded(run_dir, runfiles.CONFIG, safe_read.read_yaml), as_written(config))
     if differs:
         return Verdict(False, f"its config differs at {differs}")
-    differs = env_difference(_recorded(run_dir, runfiles.ENV, safe_read.read_json), collect_env(config, run_dir)[0])
+    differs = env_difference(recorded(run_dir, runfiles.ENV, safe_read.read_json), collect_env(config, run_dir)[0])
     if differs:
         return Verdict(False, f"it ran with another {differs}")
     return Verdict(True, KEPT)
 
 
-def _recorded(run_dir: Path, name: str, read: Callable[[Path, Path], Any], key: str | None = None) -> Any:
-    """A run file of the earlier attempt (or its `key`), read by safe_read's rules; None where it cannot be."""
+def recorded(run_dir: Path, name: str, read: Callable[[Path, Path], Any], key: str | None = None) -> Any:
+    """A run file of a run dir (or its `key`): an earlier attempt's, or a sibling point's; read by safe_read's rules;
+    None where it cannot be."""
     try:
         content = read(run_dir / name, run_dir)
     except (OSError, ValueError):  # missing, refused (safe_read.RefusedFile) or unparsable

@@ -15,21 +15,15 @@ from pathlib import Path
 
 from harness.contract import runfiles, safe_read
 from harness.contract.checks import is_usable_number
+from harness.driver.resume import recorded
 
 
 def longest_point_s(sweep_dir: Path, this_point: Path) -> float | None:
-    """The longest wall time a finished point of this sweep recorded (None where none did)."""
-    walls = []
-    for summary_path in sorted(sweep_dir.glob(f"*/{runfiles.SUMMARY}")):
-        if summary_path.parent == this_point:
-            continue
-        try:
-            wall = safe_read.read_json(summary_path, summary_path.parent).get("wall_time_s")
-        except (OSError, ValueError, AttributeError):  # unreadable or no object: it tells nothing
-            continue
-        if is_usable_number(wall) and wall > 0:
-            walls.append(float(wall))
-    return max(walls, default=None)
+    """The longest wall time a finished point of this sweep recorded (None where none did; a summary that cannot be
+    read tells nothing)."""
+    walls = [recorded(summary_path.parent, runfiles.SUMMARY, safe_read.read_json, "wall_time_s")
+             for summary_path in sorted(sweep_dir.glob(f"*/{runfiles.SUMMARY}")) if summary_path.parent != this_point]
+    return max((float(wall) for wall in walls if is_usable_number(wall) and wall > 0), default=None)
 
 
 def reason_to_skip(stop_at: float | None, run_dir: Path, sweep_dir: Path | None,
