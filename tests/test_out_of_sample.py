@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
@@ -71,6 +72,18 @@ def test_each_profile_predicts_the_other_points_of_its_shape_and_the_error_is_th
     assert (pair.rule, pair.budget_bytes, pair.measured_peak_bytes) == ("budget", 6 * GB, int(6.1 * GB))
     assert pair.error == pytest.approx((pair.predicted_peak_bytes - 6.1 * GB) / (6.1 * GB))
     assert abs(pair.error) > 0.01
+
+
+@pytest.mark.parametrize("key, other", [("train.reduce_bucket_size", 100_000_000), ("train.sub_group_size", 25_000_000),
+                                        ("arm.schedule", "z3_only")])
+def test_points_that_differ_in_what_the_profile_holds_are_not_paired(sweep, key, other):
+    """A point with other reduce buckets, sub-groups or DeepCompile passes profiles other memory: not its shape."""
+    config_path = next(sweep.glob("1_*")) / runfiles.CONFIG
+    config = yaml.safe_load(config_path.read_text())
+    group, name = key.split(".")
+    config.setdefault(group, {})[name] = other
+    config_path.write_text(yaml.safe_dump(config))
+    assert [(pair.profile_from[0], pair.point[0]) for pair in out_of_sample.pairs(sweep)] == []
 
 
 def test_the_command_prints_the_pairs_and_refuses_flags_that_would_plan_otherwise(sweep, capsys):
