@@ -227,7 +227,8 @@ def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame,
                 if _context(point[0], others) == _context(base[0], others))
 
 
-COMPARISON_COLUMNS = ["point", "against", "ratio", "ci95_low", "ci95_high", "runs", "reads"]
+COMPARISON_COLUMNS = ["point", "against", "ratio", "ci95_low", "ci95_high", "runs", "reads", "retries_per_step",
+                      "against_retries_per_step"]
 FOOTING = "budgets"  # the comparison table's column naming the footing, where it holds both
 
 
@@ -238,29 +239,49 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     reads (faster, slower, no difference). Where it sets ours against DeepSpeed's pass on both footings, a column
     says which each line stands on."""
     design_points = [({**row, SEEDS: _seeds(group), **_budget_facts(group)}, label, runs)
-                     for row, label, group, runs in runs_by_design_point(points, steps)]
+                     for row, label, group, runs in steps_by_design_point(points, steps)]
     rows = []
     for (row, label, runs), (base, base_label, base_runs), footing in _compared(design_points, points,
                                                                                 design(points)):
-        ratio = stats.ratio_interval(runs, base_runs)
+        ratio = stats.ratio_interval([_times(run) for run in runs], [_times(run) for run in base_runs])
         if ratio is not None:
             rows.append({"point": label, "against": base_label, FOOTING: footing, "ratio": ratio.ratio,
-                         "ci95_low": ratio.low, "ci95_high": ratio.high, "runs": ratio.sizes, "reads": ratio.verdict})
+                         "ci95_low": ratio.low, "ci95_high": ratio.high, "runs": ratio.sizes, "reads": ratio.verdict,
+                         "retries_per_step": retries_per_step(runs),
+                         "against_retries_per_step": retries_per_step(base_runs)})
     footings = {row[FOOTING] for row in rows if row[FOOTING] is not None}
     both = any(footing == EACH_DEFAULT for footing in footings) and len(footings) > 1
     columns = ["point", "against", *([FOOTING] if both else []), *COMPARISON_COLUMNS[2:]]
     lines = [{("", "point"): row["point"], ("", "against"): row["against"], ("", FOOTING): row[FOOTING] or NOT_APPLICABLE,
               ("", "ratio"): f"{row['ratio']:.3f}×", ("", "95% interval"): f"[{row['ci95_low']:.3f}, "
-              f"{row['ci95_high']:.3f}]", ("", "runs × steps"): row["runs"], ("", "reads"): row["reads"]}
+              f"{row['ci95_high']:.3f}]", ("", "runs × steps"): row["runs"], ("", "reads"): row["reads"],
+              ("", RETRIES_SHOWN): " / ".join(_per_step(row[key]) for key in ("retries_per_step",
+                                                                             "against_retries_per_step"))}
              for row in rows]
     shown = [("", name) for name in ("point", "against", *([FOOTING] if both else []), "ratio", "95% interval",
-                                     "runs × steps", "reads")]
+                                     "runs × steps", "reads", RETRIES_SHOWN)]
     return Table("comparison", pd.DataFrame(rows, columns=[*COMPARISON_COLUMNS, FOOTING])[columns],
                  display_frame(lines, shown),
                  caption="Step time of the point over that of the point it is set against (< 1: faster), each the "
                          "median over runs of each run's median; a 95% bootstrap interval over runs, then steps. Only "
                          "like points are compared (same model, shape, accumulation, dtype and seeds), and at one "
-                         "budget only points that kept it." + (_FOOTING_CAPTION if both else ""))
+                         "budget only points that kept it. retries/step: the allocator's retries per measured step of "
+                         "each (the mean over its runs' steps; '-' where none were recorded), the noise a ratio "
+                         "carries where they differ or vary." + (_FOOTING_CAPTION if both else ""))
+
+
+RETRIES_SHOWN = "retries/step (point / against)"
+
+
+def retries_per_step(runs: Sequence[pd.DataFrame]) -> float | None:
+    """The mean allocator retries over a design point's measured steps, its runs pooled; None where no measured step
+    recorded them."""
+    recorded = [count for run in runs for count in _retries(run) if not math.isnan(count)]
+    return sum(recorded) / len(recorded) if recorded else None
+
+
+def _per_step(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 _FOOTING_CAPTION = (f" {FOOTING}: our pass against DeepSpeed's pass {EACH_DEFAULT} (neither given a budget: each "

@@ -5,6 +5,7 @@ what footing: each pass at its own default, and both passes at one budget."""
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
 import pytest
 
 matplotlib.use("Agg")
@@ -14,7 +15,7 @@ from analysis.bench import comparison_lines  # noqa: E402
 from analysis.design import design  # noqa: E402
 from analysis.fixtures.synthetic import write_point  # noqa: E402
 from analysis.load import load_sweep  # noqa: E402
-from analysis.measurement import comparison_table, measurement_table  # noqa: E402
+from analysis.measurement import comparison_table, measurement_table, retries_per_step  # noqa: E402
 from analysis.tables import budget_table, throughput_table  # noqa: E402
 from harness.contract import stats  # noqa: E402
 
@@ -180,3 +181,22 @@ def test_repeats_run_with_sweep_resume_fold_into_the_first_repeats_point(tmp_pat
     assert design(sweep.points).keys == ["arm"]
     [runs_cell] = measurement_table(sweep.points, sweep.steps).display[("", "runs")].tolist()
     assert runs_cell == "3/3 ok"
+
+
+def test_each_line_states_both_points_retries_per_step_beside_the_ratio(tmp_path):
+    """The retries each side's measured steps made (their mean; '-' where a run recorded none) stand beside the ratio,
+    since a retry is a flush that slows the step it falls on."""
+    for job, (arm, retries) in enumerate((("offload", 0), ("ds_offload", 2), ("ds_offload", None))):
+        write_point(tmp_path, job, arm=arm, seq_len=1024, repeat=0 if retries is not None else 1,
+                    device_memory_gb=SIZE, phase_times=[WARM_UP, (5.0, *steps(0.1 if arm == "offload" else 0.2))],
+                    resolved_budget_gb=DS_AUTO_GB if arm == "ds_offload" else DEVICE_RULE_GB,
+                    extra={"offload.auto_rule": "device_limit"} if arm == "offload" else {},
+                    step_values={"alloc_retries": retries})
+    sweep = load_sweep(tmp_path)
+    table = comparison_table(sweep.points, sweep.steps)
+    assert table.values["retries_per_step"].tolist() == [0.0]
+    assert table.values["against_retries_per_step"].tolist() == [2.0]
+    assert table.display[("", "retries/step (point / against)")].tolist() == ["0.00 / 2.00"]
+    # a run whose steps recorded no retries (a CPU run, one before the counter) counts for none
+    assert retries_per_step([pd.DataFrame({"step_time_s": [0.1, 0.1]})]) is None
+    assert retries_per_step([pd.DataFrame({"step_time_s": [0.1, 0.1], "alloc_retries": [None, 3]})]) == 3.0
