@@ -7,12 +7,15 @@ import os
 
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 from torch.fx import symbolic_trace
 
-from harness.config.compose import compose_point
+from analysis.columns import is_design_column
+from harness.config.compose import CONF_DIR, compose_point
+from harness.driver.resume import CHANGEABLE
 from harness.driver.validate import validate
-from harness.rank import profile_cache
+from harness.rank import graph_ids, profile_cache
 from harness.rank.profile_cache import ProfileCache, fingerprint, key_facts
 
 VERSIONS = {"torch": "2.11.0", "cuda": "12.8", "deepspeed": "0.19.8", "device": "NVIDIA H100 80GB HBM3",
@@ -176,8 +179,26 @@ def test_reuse_is_on_by_default(cfg):
     assert cfg["sweep"]["reuse"] is True
 
 
+def test_stable_graph_ids_are_on_by_default_and_can_be_turned_off(cfg):
+    """On since tests/test_offload_gpu.py -k stable passed on an H100 (2026-12-06, from 5fab67f)."""
+    assert cfg["sweep"]["stable_graph_ids"] is True
+    assert typed(cfg).sweep.stable_graph_ids is True
+    off = compose_point(["arm=offload", "model=tiny", "sweep.stable_graph_ids=false"])
+    assert OmegaConf.to_container(off, resolve=True)["sweep"]["stable_graph_ids"] is False
+
+
+def test_stable_graph_ids_are_a_design_key_as_reuse_is():
+    """Both change what a point's compiles cost: the analysis tells points apart by them, resume runs a point again
+    where either differs, and an override of either names its folder."""
+    hydra_conf = yaml.safe_load((CONF_DIR / "hydra" / "default.yaml").read_text())
+    unnamed = hydra_conf["job"]["config"]["override_dirname"]["exclude_keys"]
+    for key in ("sweep.reuse", "sweep.stable_graph_ids"):
+        assert is_design_column(key) and key not in CHANGEABLE and key not in unnamed, key
+
+
 def test_reuse_needs_a_sweep_dir_and_the_knob(tmp_path, cfg, monkeypatch):
-    cfg = typed(changed(cfg, "sweep", "reuse", True))
+    # stable graph ids off (on by default): this test leaves DeepSpeed's backend as it is; the next one installs them
+    cfg = typed(changed(changed(cfg, "sweep", "reuse", True), "sweep", "stable_graph_ids", False))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unchanged")
     monkeypatch.setenv("TRITON_CACHE_DIR", "unchanged")
     sweep, run_dir = tmp_path / "sweep", tmp_path / "sweep" / "0_point"
@@ -193,6 +214,25 @@ def test_reuse_needs_a_sweep_dir_and_the_knob(tmp_path, cfg, monkeypatch):
     inductor_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     assert inductor_dir.startswith(str(sweep / profile_cache.CACHE_DIR))
     assert os.environ["TRITON_CACHE_DIR"].startswith(inductor_dir)
+    assert cache.stable_graph_ids is False
+
+
+def test_a_sweeps_cache_installs_stable_graph_ids_by_default_and_not_where_turned_off(tmp_path, cfg, monkeypatch):
+    installs = []
+    monkeypatch.setattr(graph_ids, "install", lambda: installs.append(True) or True)  # DeepSpeed's backend untouched
+    monkeypatch.setattr(profile_cache, "versions", lambda device_name: VERSIONS)
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.setenv(name, "unchanged")  # open_for points them at the sweep's; undone after the test
+    run_dir = tmp_path / "sweep" / "0_point"
+    run_dir.mkdir(parents=True)
+    (tmp_path / "sweep" / profile_cache.SWEEP_MARKER).write_text("{}")
+    cache = profile_cache.open_for(typed(cfg), run_dir, 0, None)  # the defaults: reuse and stable graph ids on
+    assert cache is not None and cache.stable_graph_ids is True and installs == [True]
+    assert cache.facts_for_worker()["stable_graph_ids"] is True
+    off = profile_cache.open_for(typed(changed(cfg, "sweep", "stable_graph_ids", False)), run_dir, 0, None)
+    assert off is not None and off.stable_graph_ids is False and installs == [True]
+    no_reuse = typed(changed(cfg, "sweep", "reuse", False))  # stable graph ids still on, but nothing is reused
+    assert profile_cache.open_for(no_reuse, run_dir, 0, None) is None and installs == [True]
 
 
 def test_a_python_function_in_a_graph_is_named_without_its_address():

@@ -13,6 +13,12 @@ replaces the address for that module alone, and only for graphs (anything else s
 unique within a phase, the only scope DeepCompile keeps them in: at each switch of its schedule it resets Dynamo
 (compile ids start again) and clears what it kept per graph. A DeepSpeed whose backend no longer names graphs by
 `id(gm.graph)` is left alone, with one warning line.
+
+Installed only where `sweep.reuse` opens the sweep's caches (profile_cache.open_for). On by default (conf/config.yaml;
+`sweep.stable_graph_ids=false` turns it off) since tests/test_offload_gpu.py -k stable passed on an H100 (2026-12-06,
+from commit 5fab67f): in its two-budget sweep the later point's FX graph cache hit 2 of 2 graphs in phase 0 and 1 of
+2 in phase 1 (the phase-1 backward differs by budget: our pass edits it), and the later point took 0.56x the first's
+wall time, 0.65x without stable ids (test readings, 5 measured steps a point; harness/README.md has the rest).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ together or run it together; rank 0 writes the entries (the interpreters reduce 
 
 The inductor and Triton caches go to one directory per sweep and harness version (inductor's key does not cover
 our ops' Python code), so every point of a sweep shares them; their FX graph entries match across points only with
-`sweep.stable_graph_ids` (graph_ids.py).
+`sweep.stable_graph_ids` (on by default; graph_ids.py).
 """
 from __future__ import annotations
 

@@ -306,7 +306,8 @@ class SweepConfig(Group):
     # tests/test_offload_gpu.py -k reuse passed on a GPU (a reused point plans as the same point run cold).
     reuse: bool
     # true (with reuse): DeepCompile's graph ids come from Dynamo's compile ids instead of the graphs' addresses, so
-    # inductor's FX graph cache can hit across the points (harness/rank/graph_ids.py). Off until its GPU test passes.
+    # inductor's FX graph cache can hit across the points (harness/rank/graph_ids.py). On by default since
+    # tests/test_offload_gpu.py -k stable passed on a GPU (the later point hit the cache, planned and computed as cold).
     stable_graph_ids: bool
     # true: a point whose run dir holds an earlier attempt that ended ok, with the same config (the launcher's
     # timeouts and log level, sweep.strict and this key aside) and the same code, libraries and GPU model, is kept,
