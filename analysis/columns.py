@@ -37,8 +37,10 @@ PLAN_COLUMNS = ("plan_rule", "plan_budget_bytes")  # plan.json's (harness.reader
 OVER_BUDGET = "over_budget_bytes"  # summary.json's, or worked out for a summary from before it (contract.budget)
 # memory_trace.json's retries of the traced step (harness/contract/retry_trace.py): in all, listed, per reading
 TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS = "traced_retries", "traced_retries_listed", "traced_largest_miss_bytes"
+TRACED_FREE_AT_MISS = "traced_free_at_largest_miss_bytes"  # the largest free block its stream had then
 TRACED_READING_COLUMNS = {reading: f"traced_{reading}" for reading in RETRY_READINGS}
-TRACE_COLUMNS = (TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS, *TRACED_READING_COLUMNS.values())
+TRACE_COLUMNS = (TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS, TRACED_FREE_AT_MISS,
+                 *TRACED_READING_COLUMNS.values())
 # torch_trace.json's profiled step (harness/contract/profiled_step.py): profiled_<field>, seconds and calls
 PROFILED_COLUMNS = {field.name: f"profiled_{field.name}" for field in fields(ProfiledStep)}
 RESULT_COLUMNS = frozenset(("sweep", "run_dir", "overrides", "n_phases", "budget_resolved_gb", OVER_BUDGET,
@@ -63,6 +65,7 @@ IDLE = "-"
 def retry_trace_row(trace: RetryTrace) -> dict[str, Any]:
     """A traced point's retry columns."""
     return {TRACED_RETRIES: trace.retries, TRACED_LISTED: trace.listed, TRACED_LARGEST_MISS: trace.largest_miss_bytes,
+            TRACED_FREE_AT_MISS: trace.free_at_largest_miss_bytes,
             **{column: trace.readings[reading] for reading, column in TRACED_READING_COLUMNS.items()}}
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.columns import TRACED_LARGEST_MISS, TRACED_LISTED, TRACED_READING_COLUMNS, TRACED_RETRIES
+from analysis.columns import (TRACED_FREE_AT_MISS, TRACED_LARGEST_MISS, TRACED_LISTED, TRACED_READING_COLUMNS,
+                              TRACED_RETRIES)
 from analysis.design import design
 from analysis.load import GB
 from analysis.tables import Table, display_frame, format_number, order_key
@@ -26,20 +27,24 @@ def retry_cause_values(traced: pd.DataFrame) -> dict:
     listed ones (None where none is listed), the largest missed request."""
     listed = int(traced[TRACED_LISTED].sum())
     counts = {reading: int(traced[column].sum()) for reading, column in TRACED_READING_COLUMNS.items()}
-    largest = traced[TRACED_LARGEST_MISS].dropna()
+    largest = traced.dropna(subset=[TRACED_LARGEST_MISS]).sort_values(TRACED_LARGEST_MISS, kind="stable")
+    at_largest = largest.iloc[-1] if len(largest) else None
+    free = None if at_largest is None else at_largest.get(TRACED_FREE_AT_MISS)
     return {"traced_runs": len(traced), "retries": int(traced[TRACED_RETRIES].sum()), "listed": listed,
             **{f"{reading}_retries": count for reading, count in counts.items()},
             **{f"{reading}_share": count / listed if listed else None for reading, count in counts.items()},
-            "largest_miss_bytes": float(largest.max()) if len(largest) else None}
+            "largest_miss_bytes": None if at_largest is None else float(at_largest[TRACED_LARGEST_MISS]),
+            "free_at_largest_miss_bytes": None if free is None or pd.isna(free) else float(free)}
 
 
 def _cells(values: dict) -> dict[tuple[str, str], str]:
     shares = {("", title): "-" if values[f"{reading}_share"] is None
               else f"{values[f'{reading}_share']:.0%}" for reading, title in READING_TITLES.items()}
-    largest = values["largest_miss_bytes"]
+    gigabytes = {name: "-" if values[key] is None else format_number(values[key] / GB)
+                 for name, key in (("largest miss (GB)", "largest_miss_bytes"),
+                                   ("largest free block then (GB)", "free_at_largest_miss_bytes"))}
     return {("", "traced runs"): str(values["traced_runs"]), ("", "retries"): str(values["retries"]),
-            ("", "listed"): str(values["listed"]), **shares,
-            ("", "largest miss (GB)"): "-" if largest is None else format_number(largest / GB)}
+            ("", "listed"): str(values["listed"]), **shares, **{("", name): cell for name, cell in gigabytes.items()}}
 
 
 def retry_cause_table(points: pd.DataFrame) -> Table:
@@ -60,4 +65,6 @@ def retry_cause_table(points: pd.DataFrame) -> Table:
                          "the share of the listed ones each reading explains (one column each): deferred (record_stream frees not yet "
                          "reusable would have held the request), fragmentation (its own stream's free cache would "
                          "have, in no block large enough), other stream (only all streams' free cache together "
-                         "would have), headroom (the live bytes left too little room under the limit).")
+                         "would have), headroom (the live bytes left too little room under the limit). Largest "
+                         "miss: the largest request that missed; largest free block then: the largest free block "
+                         "its stream had at that miss ('-' in traces from before that record).")

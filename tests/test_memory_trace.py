@@ -226,3 +226,37 @@ def test_replaying_backwards_from_the_segments_recovers_the_state_before_the_tra
     pools = memory_trace.pools_before(trace, end, [0, 5])
     assert pools[0] == {0: [512, 200, 100], 3: [64, 64, 0]}
     assert pools[5] == {0: [512, 250, 0], 3: [320, 200, 64]}
+
+
+def placed(stream, address, blocks):
+    """A segment at an address, its blocks laid end to end from it (as torch's snapshot gives them)."""
+    laid, cursor = [], address
+    for state, size in blocks:
+        laid.append({"state": state, "size": size, "address": cursor})
+        cursor += size
+    return {**segment(stream, blocks), "address": address, "blocks": laid}
+
+
+def test_the_largest_free_block_before_a_retry_is_replayed_from_the_addresses():
+    """Stream 0 held 192 free bytes before the flush, but in blocks of 64 and 128 between live ones: a request of 160
+    missed (fragmentation), and the record says no free block was larger than 128. After the flush the trace maps
+    and allocates; the replay undoes both to find the pool as the request did."""
+    end = [placed(0, 1000, [("active_allocated", 100), ("inactive", 64), ("active_allocated", 36),
+                            ("inactive", 128), ("active_allocated", 32)]),
+           placed(0, 5000, [("active_allocated", 160)]),       # mapped by the retry, then taken by the request
+           placed(7, 9000, [("inactive", 256)])]               # another stream's cache: out of reach
+    trace = [entry("free_requested", 128, addr=1200, frames=[KERNEL]),  # the last block freed before the miss
+             entry("free_completed", 128, addr=1200, frames=[KERNEL]),
+             entry("segment_unmap", 64, stream=0, addr=9500, frames=MALLOC),  # the flush (a wholly free piece)
+             entry("segment_map", 160, stream=0, addr=5000, frames=MALLOC),
+             entry("alloc", 160, addr=5000, frames=MALLOC)]
+    [retry] = memory_trace.allocator_retries(trace, end)
+    assert retry["reading"] == "fragmentation" and retry["missed"]["bytes"] == 160
+    assert retry["before"]["largest_free_block_bytes"] == 128
+    before_free = memory_trace.largest_free_before(trace, end, [0])[0]
+    assert before_free[0] == 64  # before the 128-byte block was freed, only the 64-byte hole was free
+
+
+def test_without_addresses_no_largest_free_block_is_claimed():
+    segments = [segment(0, [("active_allocated", 64), ("inactive", 64)])]
+    assert memory_trace.largest_free_before([entry("alloc", 8, addr=1)], segments, [0]) == {}

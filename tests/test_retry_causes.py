@@ -28,6 +28,18 @@ def test_a_trace_counts_each_reading_of_the_retries_it_lists():
     assert dict(read.readings) == {"deferred": 6, "fragmentation": 0, "other_stream": 2, "headroom": 12}
 
 
+def test_the_largest_miss_carries_the_largest_free_block_its_stream_had_then():
+    listed = trace(3, ["fragmentation"] * 3, sizes=[4, 9, 6])
+    for retry, free in zip(listed["retries"], (3, 7, 5)):
+        retry["before"] = {"largest_free_block_bytes": free}
+    read = retry_trace(listed)
+    assert (read.largest_miss_bytes, read.free_at_largest_miss_bytes) == (9, 7)
+    assert retry_trace(trace(1, ["headroom"])).free_at_largest_miss_bytes is None  # a trace from before the record
+    listed["retries"][0]["before"]["largest_free_block_bytes"] = -1
+    with pytest.raises(NotARetryTrace):
+        retry_trace(listed)
+
+
 @pytest.mark.parametrize("bad", [
     [], {"retries": []}, {"retry_count": 1, "retries": [{}, {}]}, {"retry_count": -1, "retries": []},
     trace(1, ["unlucky"]), {"retry_count": 1, "retries": [{"reading": "headroom", "missed": {"bytes": "big"}}]},
@@ -51,7 +63,9 @@ def traced_sweep(tmp_path):
     shutil.copytree(FIXTURE, sweep_dir)
     run_dirs = sorted(path.parent for path in sweep_dir.glob("*/summary.json"))
     (run_dirs[0] / "memory_trace.json").write_text(json.dumps(trace(3, ["headroom", "headroom", "deferred"])))
-    (run_dirs[1] / "memory_trace.json").write_text(json.dumps(trace(1, ["fragmentation"], sizes=[3 * 10**9])))
+    fragmented = trace(1, ["fragmentation"], sizes=[3 * 10**9])
+    fragmented["retries"][0]["before"] = {"largest_free_block_bytes": 2 * 10**9}
+    (run_dirs[1] / "memory_trace.json").write_text(json.dumps(fragmented))
     (run_dirs[2] / "memory_trace.json").write_text("{not json")
     return sweep_dir, run_dirs
 
@@ -84,6 +98,8 @@ def test_the_table_pools_a_points_traced_runs_into_shares_of_the_listed_retries(
         assert sum(shares) == pytest.approx(1.0)
     assert len(table.display) == len(table.values) <= len(traced_points)
     assert "3" in table.display[("", "largest miss (GB)")].tolist()
+    # beside the 3 GB that missed, the 2 GB block its stream had free: no block large enough (fragmentation)
+    assert ["2"] == [cell for cell in table.display[("", "largest free block then (GB)")] if cell != "-"]
 
 
 def test_a_sweep_without_a_traced_step_gets_no_retry_causes():

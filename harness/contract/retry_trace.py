@@ -23,10 +23,12 @@ RETRY_READINGS = ("deferred", "fragmentation", "other_stream", "headroom")
 @dataclass(frozen=True)
 class RetryTrace:
     """One traced step's retries: `retries` in all, `readings` counted over the first ones the trace lists (it
-    keeps at most 20), and the largest request that missed among them."""
+    keeps at most 20), the largest request that missed among them, and the largest free block its stream had then
+    (None where the trace predates that record)."""
     retries: int
     readings: Mapping[str, int]
     largest_miss_bytes: int | None
+    free_at_largest_miss_bytes: int | None = None
 
     @property
     def listed(self) -> int:
@@ -45,7 +47,7 @@ def retry_trace(trace: Any) -> RetryTrace:
     if not _whole(count) or not isinstance(listed, list) or len(listed) > count:
         raise NotARetryTrace("no retry_count (a whole number) with at most as many retries listed")
     readings = {reading: 0 for reading in RETRY_READINGS}
-    missed = []
+    missed: list[tuple[int, int | None]] = []  # (bytes requested, the largest free block on its stream)
     for retry in listed:
         reading = retry.get("reading") if isinstance(retry, Mapping) else None
         request = retry.get("missed") if isinstance(retry, Mapping) else None
@@ -53,8 +55,17 @@ def retry_trace(trace: Any) -> RetryTrace:
         if reading not in readings or not _whole(size):
             raise NotARetryTrace(f"a retry without a reading ({', '.join(RETRY_READINGS)}) and the bytes it missed")
         readings[reading] += 1
-        missed.append(size)
-    return RetryTrace(count, readings, max(missed, default=None))
+        missed.append((size, _largest_free(retry)))
+    largest = max(missed, key=lambda pair: pair[0], default=(None, None))
+    return RetryTrace(count, readings, *largest)
+
+
+def _largest_free(retry: Mapping[str, Any]) -> int | None:
+    before = retry.get("before")
+    free = before.get("largest_free_block_bytes") if isinstance(before, Mapping) else None
+    if free is not None and not _whole(free):
+        raise NotARetryTrace("a largest free block that is not a whole number of bytes")
+    return free
 
 
 def read_retry_trace(path: Path, root: Path | None = None) -> RetryTrace | None:

@@ -15,6 +15,8 @@ to the run dir:
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import pickle
 from pathlib import Path
@@ -226,6 +228,59 @@ def pools_before(trace: list[dict], segments: list[dict], indices: Iterable[int]
     return found
 
 
+def _without(ranges: set[tuple[int, int]], low: int, high: int) -> None:
+    """Take [low, high) out of a set of address ranges."""
+    for start, end in [r for r in ranges if r[0] < high and r[1] > low]:
+        ranges.discard((start, end))
+        ranges.update(piece for piece in ((start, low), (high, end)) if piece[0] < piece[1])
+
+
+def _largest_gap(ranges: Iterable[tuple[int, int]], taken: list[tuple[int, int]]) -> int:
+    """The longest run of bytes inside the mapped ranges that no block takes (`taken`: (address, size), sorted)."""
+    largest = 0
+    for low, high in sorted(ranges):
+        start = bisect.bisect_left(taken, (low, -1))
+        cursor = low
+        for address, size in itertools.takewhile(lambda block: block[0] < high, taken[start:]):
+            largest = max(largest, address - cursor)
+            cursor = max(cursor, address + size)
+        largest = max(largest, high - cursor)
+    return largest
+
+
+def largest_free_before(trace: list[dict], segments: list[dict], indices: Iterable[int]) -> dict[int, dict[int, int]]:
+    """Per index, per stream, the largest free block just before trace[index]: the longest stretch of mapped memory
+    that neither a live block nor one awaiting its free takes (what a request on that stream could have had without
+    mapping more). Replayed backwards from the snapshot's segments, as pools_before; empty where the segments carry
+    no addresses."""
+    if not segments or any("address" not in segment for segment in segments):
+        return {}
+    mapped: dict[int, set[tuple[int, int]]] = {}
+    taken: dict[int, tuple[int, int]] = {}  # address -> (size, stream)
+    for segment in segments:
+        mapped.setdefault(segment["stream"], set()).add((segment["address"], segment["address"] + segment["total_size"]))
+        taken.update((block["address"], (block["size"], segment["stream"])) for block in segment.get("blocks", [])
+                     if block["state"] != "inactive")
+    wanted = set(indices)
+    found: dict[int, dict[int, int]] = {}
+    for index in range(len(trace) - 1, min(wanted, default=len(trace)) - 1, -1):
+        entry = trace[index]
+        action, stream = entry["action"], entry.get("stream", 0)
+        if action == "alloc":
+            taken.pop(entry["addr"], None)
+        elif action in ("free_requested", "free_completed"):  # before either half, the block was still taken
+            taken.setdefault(entry["addr"], (entry["size"], stream))
+        elif action in GROWTH_ACTIONS:
+            _without(mapped.setdefault(stream, set()), entry["addr"], entry["addr"] + entry["size"])
+        elif action in SHRINK_ACTIONS:
+            mapped.setdefault(stream, set()).add((entry["addr"], entry["addr"] + entry["size"]))
+        if index in wanted:
+            found[index] = {stream_id: _largest_gap(ranges, sorted((address, size) for address, (size, owner)
+                                                                   in taken.items() if owner == stream_id))
+                            for stream_id, ranges in mapped.items()}
+    return found
+
+
 def _pool_row(mapped: int, live: int, deferred: int) -> dict[str, int]:
     return {"mapped_bytes": mapped, "live_bytes": live, "deferred_bytes": deferred,
             "cached_free_bytes": mapped - live - deferred}
@@ -269,8 +324,9 @@ def allocator_retries(trace: list[dict], segments: list[dict], top: int = TOP_RE
 
     Per retry: `index` (the burst's first entry), `missed` (the request: index, bytes, stream, code site, whether it
     ended in an oom), `before` (the pool per stream and in total just before the flush: mapped, live, deferred =
-    freed but awaiting another stream's work, cached_free = mapped - live - deferred), `released_bytes` (what the
-    burst unmapped) and `reading`, the first that holds of:
+    freed but awaiting another stream's work, cached_free = mapped - live - deferred; and, where the snapshot
+    carries addresses, `largest_free_block_bytes`: the largest free block the request's stream had),
+    `released_bytes` (what the burst unmapped) and `reading`, the first that holds of:
     - "deferred": the deferred bytes alone would have held the request (record_stream frees not yet reusable);
     - "fragmentation": the cache on the request's own stream would have, but no free block there was large enough;
     - "other_stream": the cache of all streams together would have: it needed other streams' cache (a stream
@@ -280,11 +336,14 @@ def allocator_retries(trace: list[dict], segments: list[dict], top: int = TOP_RE
     flushes = (retry_flushes(trace) if flushes is None else flushes)[:top]
     starts = [flush_start(trace, first) for first, _, _ in flushes]
     pools = pools_before(trace, segments, starts)
+    largest_free = largest_free_before(trace, segments, starts)
     skip_prefix = torch_package_dir() if flushes else ""
     retries = []
     for (first, end, request), start in zip(flushes, starts):
         missed = missed_request(trace[request], request, skip_prefix)
         before = {"index": start, **pool_table(pools[start])}
+        if start in largest_free:  # the request's own stream: a fragmentation reading has no block this large
+            before["largest_free_block_bytes"] = largest_free[start].get(missed["stream"], 0)
         retries.append({"index": first, "missed": missed, "before": before,
                         "released_bytes": sum(entry["size"] for entry in trace[first:end]),
                         "reading": retry_reading(missed, before)})
