@@ -258,7 +258,8 @@ def largest_free_before(trace: list[dict], segments: list[dict], indices: Iterab
     mapped: dict[int, set[tuple[int, int]]] = {}
     taken: dict[int, tuple[int, int]] = {}  # address -> (size, stream)
     for segment in segments:
-        mapped.setdefault(segment["stream"], set()).add((segment["address"], segment["address"] + segment["total_size"]))
+        start = segment["address"]
+        mapped.setdefault(segment["stream"], set()).add((start, start + segment["total_size"]))
         taken.update((block["address"], (block["size"], segment["stream"])) for block in segment.get("blocks", [])
                      if block["state"] != "inactive")
     wanted = set(indices)
