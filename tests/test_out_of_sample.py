@@ -75,9 +75,11 @@ def test_each_profile_predicts_the_other_points_of_its_shape_and_the_error_is_th
 
 
 @pytest.mark.parametrize("key, other", [("train.reduce_bucket_size", 100_000_000), ("train.sub_group_size", 25_000_000),
-                                        ("arm.schedule", "z3_only")])
+                                        ("arm.schedule", "z3_only"),
+                                        ("env.pytorch_cuda_alloc_conf", "expandable_segments:False")])
 def test_points_that_differ_in_what_the_profile_holds_are_not_paired(sweep, key, other):
-    """A point with other reduce buckets, sub-groups or DeepCompile passes profiles other memory: not its shape."""
+    """A point with other reduce buckets, sub-groups, DeepCompile passes or allocator settings profiles other memory:
+    not its shape."""
     config_path = next(sweep.glob("1_*")) / runfiles.CONFIG
     config = yaml.safe_load(config_path.read_text())
     group, name = key.split(".")
