@@ -137,6 +137,9 @@ def test_unknown_group_option_is_one_line_naming_the_group():
     (["train.warmup_steps=-1"], "train.warmup_steps"),
     (["debug.memory_trace_step=-1"], "debug.memory_trace_step"),
     (["debug.memory_trace_step=true"], "debug.memory_trace_step"),
+    (["train.measure_steps=3", "debug.memory_trace_step=4", "debug.memory_trace_steps=3"],
+     "debug.memory_trace_steps"),  # zero3: steps 0-5, the window 4-6
+    (["debug.memory_trace_steps=0"], "debug.memory_trace_steps"),
     (["debug.copy_delay_us=-1"], "debug.copy_delay_us"),
     (["debug.copy_delay_us=2.5"], "debug.copy_delay_us"),
     (["debug.copy_delay_us=true"], "debug.copy_delay_us"),

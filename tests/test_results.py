@@ -299,3 +299,21 @@ def test_every_campaign_with_committed_points_pins_the_rule_they_ran_with():
         assert pinned == rule or (pinned is None and rule == DEFAULT_BUDGET_RULE), experiment
         checked += 1
     assert checked >= 3  # capacity, probe_limit, wide_limit
+
+
+def final_phase_retries(steps: list[dict]) -> tuple[int, int]:
+    """(steps that retried, steps) over the final phase's steps after its compile step, the traced one left out."""
+    final = max(row["phase"] for row in steps)
+    rows = [row for row in steps if row["phase"] == final and row["phase_step"] and not row.get("traced")]
+    return sum(row["alloc_retries"] > 0 for row in rows), len(rows)
+
+
+@pytest.mark.skipif(not (RESULTS / "retry_fix").exists(), reason="no retry_fix results committed")
+def test_smaller_sub_groups_cut_our_passs_retries_but_do_not_end_them():
+    """results/retry_fix/README.md: our pass retried on fewer steps at each smaller sub-group size, never on none."""
+    retried = {config["train"]["sub_group_size"]: final_phase_retries(steps)
+               for config, summary, steps in campaign_points("retry_fix") if config["arm"]["name"] == "offload"}
+    assert sorted(retried) == [10_000_000, 25_000_000, 100_000_000]
+    counts = [retried[size][0] for size in sorted(retried, reverse=True)]
+    assert counts[0] > counts[1] > counts[2] > 0, retried
+    assert all(measured >= 20 for _, measured in retried.values()), retried

@@ -269,15 +269,17 @@ def test_two_rank_gloo_run(tmp_path, run_file_mode):
 
 
 @pytest.mark.gpu
-def test_profile_and_memory_trace_of_one_step_on_cuda(tmp_path):
+def test_profile_of_one_step_and_memory_trace_of_two_on_cuda(tmp_path):
     # torch Adam: no DeepSpeed op build, so the run takes about a minute
     proc = harness_run(tmp_path, "logger=none", "train.torch_adam=true", "debug.profile_step=1",
-                       "debug.memory_trace_step=2")
+                       "debug.memory_trace_step=2", "debug.memory_trace_steps=2")
     run = tmp_path / "run"
-    _, summary = read_run(run)
+    rows, summary = read_run(run)
     assert summary["status"] == "ok", proc.stdout[-3000:] + proc.stderr[-3000:]
 
     trace = json.loads((run / "memory_trace.json").read_text())
+    assert trace["steps"] == [2, 3]  # one recording over the window
+    assert [row["step"] for row in rows if row["traced"]] == [1, 2, 3]  # the profiled step and the window
     assert trace["trace_entries"] > 0 and trace["streams"]
     assert trace["reserved_bytes"] >= trace["allocated_bytes"] > 0
     assert (run / "memory_snapshot.pickle").stat().st_size > 0

@@ -3,8 +3,9 @@
 - `debug.profile_step=K`: a torch.profiler trace of step K (host, and device with CUDA), written as
   `torch_trace.json` (Chrome trace: https://ui.perfetto.dev) and `torch_ops.txt` (operators by self host time,
   then, with CUDA, by self device time: an op that costs only host time, such as ours, shows in the first).
-- `debug.memory_trace_step=K`: the caching allocator's history during step K (CUDA only; memory_trace.py).
-Both slow the step they look at: its time in steps.jsonl is not a measurement.
+- `debug.memory_trace_step=K`: the caching allocator's history during step K, or during `debug.memory_trace_steps`
+  steps from K as one trace (CUDA only; memory_trace.py).
+Both slow the steps they look at: their times in steps.jsonl are not measurements.
 """
 from __future__ import annotations
 
@@ -29,19 +30,21 @@ class StepDiagnostics:
     def __init__(self, debug: DebugConfig, rank: int, cuda: bool):
         self.cuda = cuda
         self.profile_step = debug.profile_step if rank == 0 else None
-        self.memory_step = debug.memory_trace_step if rank == 0 else None
-        if self.memory_step is not None and not cuda:
+        first = debug.memory_trace_step if rank == 0 else None
+        if first is not None and not cuda:
             logger.warning("worker: debug.memory_trace_step needs CUDA (it traces the caching allocator); "
                            "no trace written")
-            self.memory_step = None
+            first = None
+        # The traced steps, first to last: one recording spans them all.
+        self.memory_steps = range(first, first + debug.memory_trace_steps) if first is not None else range(0)
         self._profiler: torch.profiler.profile | None = None
 
     def traces(self, step: int) -> bool:
         """Whether a recorder runs during this step (its time is then left out of the medians)."""
-        return step in (self.profile_step, self.memory_step)
+        return step == self.profile_step or step in self.memory_steps
 
     def before(self, step: int, device: torch.device) -> None:
-        if step == self.memory_step:
+        if self.memory_steps and step == self.memory_steps[0]:
             memory_trace.start(device)
         if step == self.profile_step:
             activities = [torch.profiler.ProfilerActivity.CPU]
@@ -55,8 +58,8 @@ class StepDiagnostics:
             self._profiler.stop()
             self._write_profile(run_dir)
             self._profiler = None
-        if step == self.memory_step:
-            memory_trace.stop_and_write(run_dir, device)
+        if self.memory_steps and step == self.memory_steps[-1]:
+            memory_trace.stop_and_write(run_dir, device, self.memory_steps)
 
     def _write_profile(self, run_dir: Path) -> None:
         runfiles.write_atomic(run_dir / runfiles.TORCH_TRACE, lambda tmp: self._profiler.export_chrome_trace(str(tmp)))

@@ -1,7 +1,8 @@
-"""One optimizer step's caching-allocator history, to see why reserved memory grows.
+"""One optimizer step's caching-allocator history (or a few steps'), to see why reserved memory grows.
 
-`debug.memory_trace_step=K` (diagnostics.py) records the allocator's actions during step K on rank 0 and writes
-to the run dir:
+`debug.memory_trace_step=K` (diagnostics.py) records the allocator's actions during step K on rank 0 (with
+`debug.memory_trace_steps=N`, during steps K..K+N-1 as one recording; `steps` in the summary) and writes to the
+run dir:
 - `memory_snapshot.pickle`: torch's snapshot (open it at https://pytorch.org/memory_viz);
 - `memory_trace.json`: its summary (`summarize`): per stream, the reserved and in-use bytes at the step's end;
   the device memory newly mapped during the step, grouped by the code that asked for it; and the peak of freed
@@ -39,14 +40,16 @@ def start(device) -> None:
     torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python", device=device)
 
 
-def stop_and_write(run_dir: Path, device) -> dict:
-    """Snapshot, stop recording, write both files; returns the summary."""
+def stop_and_write(run_dir: Path, device, steps: range | None = None) -> dict:
+    """Snapshot, stop recording, write both files (the summary names the traced `steps`); returns the summary."""
     import torch
 
     snapshot = torch.cuda.memory._snapshot(device)
     torch.cuda.memory._record_memory_history(enabled=None, device=device)
     runfiles.write_atomic(run_dir / runfiles.MEMORY_SNAPSHOT, lambda tmp: _pickle_to(tmp, snapshot))
     summary = summarize(snapshot, torch.device(device).index or 0)
+    if steps is not None:
+        summary["steps"] = [steps[0], steps[-1]]  # first and last traced step
     runfiles.write_json(run_dir / runfiles.MEMORY_TRACE, summary)
     return summary
 

@@ -268,9 +268,12 @@ class DebugConfig(Group):
     fault_sleep_s: Annotated[float, Number(low=0)]
     # Looks inside one optimizer step on rank 0 (harness/rank/diagnostics.py); that step's time is not a
     # measurement. profile_step: a torch.profiler trace, torch_trace.json and torch_ops.txt (where the time goes);
-    # memory_trace_step: the caching allocator's history (CUDA), memory_snapshot.pickle and memory_trace.json.
+    # memory_trace_step: the caching allocator's history (CUDA), memory_snapshot.pickle and memory_trace.json, over
+    # memory_trace_steps consecutive steps from that one (a window long enough to hold a retry that comes every
+    # few steps; each traced step is left out of the measured ones).
     profile_step: Annotated[Optional[int], COUNT]
     memory_trace_step: Annotated[Optional[int], COUNT]
+    memory_trace_steps: Annotated[int, Number(low=1, high=1000, integer=True)]
     # Race stress for our pass (arm=offload): its copy streams spin this many microseconds on the device before
     # each copy, so a missing stream wait turns into wrong losses instead of a lucky race (0: off).
     copy_delay_us: Annotated[int, Number(low=0, high=1_000_000, integer=True)]
@@ -285,6 +288,10 @@ class DebugConfig(Group):
             value = debug[key]
             if value is not None and not value < steps:
                 raise ConfigError(f"debug.{key}", f"must be null or a step in [0, train.steps={steps}), got {value!r}")
+        start, span = debug["memory_trace_step"], debug["memory_trace_steps"]
+        if start is not None and not start + span <= steps:
+            raise ConfigError("debug.memory_trace_steps", f"traces steps {start}..{start + span - 1}, past the run's "
+                              f"last step {steps - 1} (debug.memory_trace_step={start})")
         if debug["fault"] is None:
             return
         if not debug["fault_step"] < steps:
