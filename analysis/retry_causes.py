@@ -1,8 +1,8 @@
-"""Why the allocator retried: per design point whose runs traced a step (`debug.memory_trace_step`), the traced
-step's retries pooled over its runs, and the share of those the trace lists that each reading explains
-(harness/contract/retry_trace.py: deferred frees, fragmentation of the request's stream, another stream's cache,
-no headroom under the limit), with the largest request that missed. Table `retry_causes`; a sweep without a traced
-step gets none.
+"""Why the allocator retried: per design point whose runs traced a step or a window of steps
+(`debug.memory_trace_step`, `debug.memory_trace_steps`), the traced steps' retries pooled over its runs, and the
+share of those the trace lists that each reading explains (harness/contract/retry_trace.py: deferred frees,
+fragmentation of the request's stream, another stream's cache, no headroom under the limit), with the largest
+request that missed. Table `retry_causes`; a sweep without a traced step gets none.
 """
 from __future__ import annotations
 
@@ -60,8 +60,9 @@ def retry_cause_table(points: pd.DataFrame) -> Table:
         rows.append({**row, **values})
         lines.append({("", "arm"): points_design.label(row), **_cells(values)})
     return Table("retry_causes", pd.DataFrame(rows), display_frame(lines),
-                 caption="The traced step of each run (debug.memory_trace_step; not a measured step), its runs "
-                         "pooled: allocator retries in all, those memory_trace.json lists (at most 20 a step) and "
+                 caption="The traced steps of each run (debug.memory_trace_step, and as many as "
+                         "debug.memory_trace_steps from it; not measured steps), its runs pooled: allocator retries "
+                         "in all, those memory_trace.json lists (at most 20 a trace) and "
                          "the share of the listed ones each reading explains (one column each): deferred (record_stream frees not yet "
                          "reusable would have held the request), fragmentation (its own stream's free cache would "
                          "have, in no block large enough), other stream (only all streams' free cache together "

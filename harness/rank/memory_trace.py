@@ -30,7 +30,7 @@ MAX_ENTRIES = 500_000           # allocator actions kept; beyond it torch drops 
 GROWTH_ACTIONS = ("segment_alloc", "segment_map")     # new device memory (cudaMalloc, or expandable mapping)
 SHRINK_ACTIONS = ("segment_free", "segment_unmap")
 TOP_SITES = 12
-TOP_RETRIES = 20                # a step with more retries than this already says enough
+TOP_RETRIES = 20                # a trace with more retries than this already says enough
 
 
 def start(device) -> None:
