@@ -317,3 +317,28 @@ def test_smaller_sub_groups_cut_our_passs_retries_but_do_not_end_them():
     counts = [retried[size][0] for size in sorted(retried, reverse=True)]
     assert counts[0] > counts[1] > counts[2] > 0, retried
     assert all(measured >= 20 for _, measured in retried.values()), retried
+
+
+@pytest.mark.skipif(not (RESULTS / "retry_fix").exists() or not (RESULTS / "retry_causes").exists(),
+                    reason="retry_fix or retry_causes not committed")
+def test_a_profile_from_one_campaign_predicts_the_same_point_of_another_campaign_to_the_byte():
+    """results/retry_fix/README.md: retry_causes' point with the same settings, measured on another machine, plans
+    retry_fix's 1e8 point as it ran and predicts its measured final-phase peak."""
+    from harness.offload.plan_cli import main as plan_main
+
+    source = RESULTS / "retry_causes" / "sweep" / "1_offload.release=recorded,train.reduce_bucket_size=100000000"
+    target = RESULTS / "retry_fix" / "sweep" / "0_arm=offload,train.sub_group_size=100000000"
+    for run in (source, target):  # the same settings: the shape the plan depends on
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        assert (config["train"]["sub_group_size"], config["train"]["reduce_bucket_size"],
+                config["offload"]["release"], config["offload"]["budget_gb"]) == (100_000_000, 100_000_000,
+                                                                                 "recorded", 11)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert plan_main(["--profile", str(source / "profile.json"), "--budget-gb", "11",
+                          "--budget-rule", "step_model"]) == 0
+    plan = json.loads(out.getvalue())
+    ran = json.loads((target / "plan.json").read_text())
+    steps = [json.loads(line) for line in (target / "steps.jsonl").read_text().splitlines()]
+    assert plan["offloaded"] == ran["offloaded"]
+    assert plan["predicted_peak_bytes"] == steady_peak(steps)
