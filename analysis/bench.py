@@ -7,7 +7,8 @@ final phase with the allocator's retries in it, whether the point went over its 
 and the largest relative loss difference against a `deepcompile` point like it (LIKE_KEYS: same model, shape,
 accumulation, dtype and seed; where none ran, the line says so); for our pass also the copy stall per step and the planner's predicted peak against the
 measured one. Points run on an emulated device (`env.device_memory_gb`) or under an allocator ceiling
-(`env.reserved_cap_gb`) say so in their label. Then the comparisons, as the report's comparison table has them:
+(`env.reserved_cap_gb`) say so in their label, as do the model, train, env and arm settings that tell the points of
+one arm apart (`offload[train.sub_group_size=25000000]`, `ds_offload[train.repeat=1]`). Then the comparisons, as the report's comparison table has them:
 our pass over DeepSpeed's (same workload and limits, each pass at its own default budget or both at one, the line
 naming which where the sweep holds both) and over DeepCompile without offload, each a ratio of
 medians over repeats with its 95% two-level bootstrap interval (`0.701× [0.673, 0.756], n = 3×30 / 3×30`). Last,
@@ -34,6 +35,9 @@ KNOBS = schema.pass_knobs()  # our pass's, in the schema's order
 
 
 LIMITS = ("device_memory_gb", "reserved_cap_gb")  # an emulated device size, an allocator ceiling inside it
+# Groups whose keys label a point where they vary between the points of its arm (train.sub_group_size, a repeat,
+# the allocator's settings); our pass's knobs and the limits are labelled as above.
+SETTING_GROUPS = ("model", "train", "env", "arm")
 # What a loss-parity reference shares with the point: the same model on the same batches in the same precision.
 LIKE_KEYS = ("model.name", "train.seq_len", "train.micro_batch", "train.grad_accum", "train.dtype", "train.seed")
 
@@ -63,8 +67,34 @@ def points_of(sweep_dir: Path, files: reader.SweepFiles) -> list[dict]:
                        "device_memory_gb": lookup(config, "env.device_memory_gb", None),
                        "rows": point.steps, "run_dir": Path(sweep_dir) / point.run_dir,
                        "like": tuple(lookup(config, key, None) for key in LIKE_KEYS),
+                       "settings": settings_of(config),
                        "over_budget_bytes": recorded_over_budget_bytes(point.summary, point.steps)})
     return points
+
+
+def settings_of(config: dict) -> dict[str, str]:
+    """The point's `group.key` values of SETTING_GROUPS, as text (the arm's name and the limits aside)."""
+    settings = {}
+    for group in SETTING_GROUPS:
+        for key, value in _section(config.get(group)).items():
+            name = f"{group}.{key}"
+            if name != "arm.name" and key not in LIMITS and not isinstance(value, (Mapping, list)):
+                settings[name] = str(value)
+    return settings
+
+
+def varying_settings(points: list[dict]) -> dict[str, list[str]]:
+    """Per arm, the settings whose values differ between its points, in name order."""
+    by_arm: dict[str, dict[str, set[str]]] = {}
+    for point in points:
+        values = by_arm.setdefault(point["arm"], {})
+        for name, value in point.get("settings", {}).items():
+            values.setdefault(name, set()).add(value)
+    names = {arm: {name for name, seen in values.items() if len(seen) > 1} for arm, values in by_arm.items()}
+    # a key a point lacks (an older config) varies too
+    for point in points:
+        names[point["arm"]] |= set(by_arm[point["arm"]]) - set(point.get("settings", {}))
+    return {arm: sorted(keys) for arm, keys in names.items()}
 
 
 def idle_knobs(config: dict) -> tuple[str, ...]:
@@ -132,15 +162,16 @@ def knob_defaults() -> dict:
     return yaml.safe_load((REPO_ROOT / "conf" / "offload" / "default.yaml").read_text())
 
 
-def describe(point: dict, defaults: dict | None = None) -> str:
-    """The arm, the knobs of our pass that differ from the defaults and acted on the point, and the allocator
-    ceiling if one was set."""
+def describe(point: dict, defaults: dict | None = None, varying: list[str] = ()) -> str:
+    """The arm, the knobs of our pass that differ from the defaults and acted on the point, the allocator
+    ceiling if one was set, and the `varying` settings (those that tell the arm's points apart)."""
     changed = []
     if point["role"] == BenchRole.OURS:
         defaults = knob_defaults() if defaults is None else defaults
         changed = [f"{k}={point['offload'][k]}" for k in KNOBS
                    if k in point["offload"] and point["offload"][k] != defaults.get(k)
                    and k not in point.get("idle", ())]
+    changed += [f"{name}={point.get('settings', {}).get(name, 'null')}" for name in varying]
     for limit in LIMITS:
         if point.get(limit) is not None:
             changed.append(f"{limit}={point[limit]}")
@@ -204,12 +235,13 @@ def over_budget_text(point: dict) -> str:
 
 def report(points: list[dict]) -> str:
     lines = []
+    varying = varying_settings(points)
     for budget in sorted({p["budget_gb"] for p in points if not is_reference(p)}, key=lambda b: (b is None, b)):
         group = [p for p in points if p["budget_gb"] == budget or is_reference(p)]
         lines.append(f"== budget_gb={budget if budget is not None else 'auto'}")
         for p in group:
             median = final_median(p)
-            lines.append(f"  {describe(p):<48} {p['summary']['status']:<7} final median "
+            lines.append(f"  {describe(p, varying=varying[p['arm']]):<48} {p['summary']['status']:<7} final median "
                          + (f"{median:.4f} s" if median is not None else "-") + over_budget_text(p)
                          + loss_parity(p, points)
                          + f" | planned offload {gb_text(p['summary'].get('planned_offload_bytes'))}"

@@ -50,6 +50,25 @@ def test_report_prints_bytes_as_gb_and_leaves_out_knobs_the_point_left_idle(tmp_
     assert "offload[budget_rule=deepspeed] " in text and "offload[auto_rule=margin] " in text
 
 
+def set_train(run_dir: Path, **train) -> None:
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "train": {"seq_len": 1024, **train}}))
+
+
+def test_report_labels_each_point_by_the_settings_that_tell_its_arms_points_apart(tmp_path):
+    """Two points of our pass that differ only in train.sub_group_size, and two of DeepSpeed's pass that differ
+    only in their repeat, print four different labels; a setting every point of an arm shares is left out."""
+    for name, arm, train in (("0_ours", "offload", {"sub_group_size": 100000000}),
+                             ("1_ours", "offload", {"sub_group_size": 25000000}),
+                             ("2_ds", "ds_offload", {"repeat": 0}), ("3_ds", "ds_offload", {"repeat": 1})):
+        write_point(tmp_path, name, arm, 0.1, [10.0, 9.0])
+        set_train(tmp_path / name, **train)
+    labels = [line.split()[0] for line in report(load_points([tmp_path])).splitlines() if line.startswith("  ")
+              and not line.lstrip().startswith("final-phase")]
+    assert labels == ["offload[train.sub_group_size=100000000]", "offload[train.sub_group_size=25000000]",
+                      "ds_offload[train.repeat=0]", "ds_offload[train.repeat=1]"]
+
+
 def repeats(sweep: Path, arm: str, seconds: float, runs: int = 2, **kwargs) -> None:
     """`runs` repeats of one point whose measured steps take about `seconds` (a compile step of 5 s first)."""
     for repeat in range(runs):
