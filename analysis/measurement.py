@@ -162,12 +162,20 @@ EACH_DEFAULT, ONE_BUDGET = "(a) each pass at its own default", "(b) both passes 
 GIVEN, PLANNED = "given_budget", "planned_budget"  # per design point: whether its runs were given one, and which
 
 
-def comparison_pairs(points: pd.DataFrame) -> list[tuple[str, tuple[str, ...]]]:
+# Groups whose swept keys every arm runs with (DeepSpeed's sub-groups and reduce buckets, the optimizer, the
+# allocator's settings): two points compared must share them, as they share the workload.
+SHARED_SETTING_GROUPS = ("model", "train", "env")
+
+
+def comparison_pairs(points: pd.DataFrame, design_keys: Sequence[str] = ()) -> list[tuple[str, tuple[str, ...]]]:
     """(the base's bench role, the columns two points must share to be compared): the workload (model, shape,
-    accumulation, dtype, ranks, device) and the seeds of their runs, plus the limits. Against DeepSpeed's pass, the
-    budgets must also stand on one footing (peer_footing)."""
+    accumulation, dtype, ranks, device) and the seeds of their runs, plus the limits and any swept setting of the
+    groups every arm runs with (`train.sub_group_size`, among `design_keys`). Against DeepSpeed's pass, the budgets
+    must also stand on one footing (peer_footing)."""
     present = [column for column in (*WORKLOAD_COLUMNS, *LIMIT_COLUMNS) if column in points]
-    return [(BenchRole.PEER, (*present, SEEDS)), (BenchRole.REFERENCE, (*present, SEEDS))]
+    settings = [key for key in design_keys if key.split(".")[0] in SHARED_SETTING_GROUPS and key not in present]
+    shared = (*present, *settings, SEEDS)
+    return [(BenchRole.PEER, shared), (BenchRole.REFERENCE, shared)]
 
 
 def _budget_facts(group: pd.DataFrame) -> dict[str, Any]:
@@ -206,7 +214,7 @@ def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame,
     offload at the same workload and limits; then each of our points composed with DeepCompile's speed passes
     against ours alone (compose=none), everything else equal."""
     ours = arm_names(lambda arm: arm.bench_role == BenchRole.OURS)
-    for role, shared in comparison_pairs(points):
+    for role, shared in comparison_pairs(points, points_design.keys):
         bases = arm_names(lambda arm, role=role: arm.bench_role == role)
         pairs = [(point, base, peer_footing(point[0], base[0]) if role == BenchRole.PEER else None)
                  for point in design_points for base in design_points
@@ -264,7 +272,8 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                  display_frame(lines, shown),
                  caption="Step time of the point over that of the point it is set against (< 1: faster), each the "
                          "median over runs of each run's median; a 95% bootstrap interval over runs, then steps. Only "
-                         "like points are compared (same model, shape, accumulation, dtype and seeds), and at one "
+                         "like points are compared (same model, shape, accumulation, dtype and seeds, and any "
+                         "model, train or env setting the sweep varies, such as train.sub_group_size), and at one "
                          "budget only points that kept it. retries/step: the allocator's retries per measured step of "
                          "each (the mean over its runs' steps; '-' where none were recorded), the noise a ratio "
                          "carries where they differ or vary." + (_FOOTING_CAPTION if both else ""))

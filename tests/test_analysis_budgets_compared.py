@@ -200,3 +200,19 @@ def test_each_line_states_both_points_retries_per_step_beside_the_ratio(tmp_path
     # a run whose steps recorded no retries (a CPU run, one before the counter) counts for none
     assert retries_per_step([pd.DataFrame({"step_time_s": [0.1, 0.1]})]) is None
     assert retries_per_step([pd.DataFrame({"step_time_s": [0.1, 0.1], "alloc_retries": [None, 3]})]) == 3.0
+
+
+def test_points_compared_across_arms_share_the_settings_the_sweep_varies_for_every_arm(tmp_path):
+    """retry_fix's shape: both passes at two optimizer sub-group sizes. Each of ours is set against DeepSpeed's pass
+    at its own size only: a ratio across sizes would mix the size's effect into the passes'."""
+    job = 0
+    for size, ours_s, theirs_s in ((100_000_000, 0.09, 0.21), (25_000_000, 0.086, 0.209)):
+        for arm, seconds in (("offload", ours_s), ("ds_offload", theirs_s)):
+            write_point(tmp_path, job, arm=arm, budget_gb=11, device_memory_gb=12,
+                        phase_times=[WARM_UP, (5.0, *steps(seconds))], extra={"train.sub_group_size": size})
+            job += 1
+    sweep = load_sweep(tmp_path)
+    rows = comparison_table(sweep.points, sweep.steps).values
+    assert len(rows) == 2
+    for _, row in rows.iterrows():
+        assert row["point"].split("=")[-1] == row["against"].split("=")[-1], (row["point"], row["against"])
