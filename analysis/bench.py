@@ -12,7 +12,8 @@ one arm apart (`offload[train.sub_group_size=25000000]`, `ds_offload[train.repea
 our pass over DeepSpeed's (same workload and limits, each pass at its own default budget or both at one, the line
 naming which where the sweep holds both) and over DeepCompile without offload, each a ratio of
 medians over repeats with its 95% two-level bootstrap interval (`0.701× [0.673, 0.756], n = 3×30 / 3×30`). Last,
-the device minutes every run took and the share of them spent in measured steps.
+the device minutes every run took and the share of them spent in measured steps, and what a point that reused the
+sweep's DeepCompile profiles cost against one that made them.
 """
 from __future__ import annotations
 

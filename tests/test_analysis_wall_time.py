@@ -103,3 +103,30 @@ def test_bench_prints_the_device_minutes_and_the_share_in_measured_steps(tmp_pat
     sweep = load_sweep(tmp_path)
     assert device_time_line(sweep.points, sweep.steps) == "== device time: 2.0 min over 2 runs, 5.0% of it in " \
                                                           "measured steps"
+
+
+def test_bench_reads_what_a_point_that_reused_the_sweeps_profiles_cost_against_one_that_made_them(tmp_path):
+    """A budget sweep's cost reading: three later points took DeepCompile's profiles from the sweep's cache, the first
+    made them; a point that looked nothing up (an eager arm) and a failed one count in neither."""
+    from analysis.wall_time import device_time_line
+
+    points = [(0, "ok", 100.0, {"0": {"hit": 0, "miss": 4}}), (1, "ok", 40.0, {"0": {"hit": 4, "miss": 0}}),
+              (2, "ok", 50.0, {"0": {"hit": 4, "miss": 0}}), (3, "ok", 45.0, {"0": {"hit": 4, "miss": 0}}),
+              (4, "oom", 10.0, {"0": {"hit": 4, "miss": 0}}), (5, "ok", 20.0, None)]
+    for job, status, wall, lookups in points:
+        run_dir = write_point(tmp_path, job, arm="offload", repeat=job, status=status, phase_times=((10.0, 2.0, 4.0),))
+        set_summary(tmp_path, run_dir, wall_time_s=wall,
+                    profile_cache=None if lookups is None else {"key": "k1", "lookups": lookups})
+    sweep = load_sweep(tmp_path)
+    line = device_time_line(sweep.points, sweep.steps)
+    assert line.endswith("; a point that reused DeepCompile's profiles took 0.45× the wall of one that made them "
+                         "(median 45.0 s over 3 runs, against 100.0 s over 1)"), line
+
+
+def test_bench_says_nothing_of_reuse_where_no_point_reused(tmp_path):
+    from analysis.wall_time import device_time_line
+
+    run_dir = write_point(tmp_path, 0, arm="offload", phase_times=((10.0, 2.0, 4.0),))
+    set_summary(tmp_path, run_dir, wall_time_s=60.0, profile_cache={"key": "k1", "lookups": {"0": {"miss": 4}}})
+    sweep = load_sweep(tmp_path)
+    assert "reused" not in device_time_line(sweep.points, sweep.steps)
