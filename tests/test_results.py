@@ -76,10 +76,15 @@ def capacity_points():
     return campaign_points("capacity")
 
 
+def final_rows(steps: list[dict]) -> list[dict]:
+    """The final phase's steps after its compile step."""
+    final = max(row["phase"] for row in steps)
+    return [row for row in steps if row["phase"] == final and row["phase_step"]]
+
+
 def steady_peak(steps: list[dict]) -> int:
     """Peak allocated over the final phase's steps after its compile step."""
-    final = max(row["phase"] for row in steps)
-    return max(row["peak_allocated_bytes"] for row in steps if row["phase"] == final and row["phase_step"])
+    return max(row["peak_allocated_bytes"] for row in final_rows(steps))
 
 
 @pytest.mark.skipif(not (RESULTS / "capacity").exists(), reason="no capacity results committed")
@@ -303,8 +308,7 @@ def test_every_campaign_with_committed_points_pins_the_rule_they_ran_with():
 
 def final_phase_retries(steps: list[dict]) -> tuple[int, int]:
     """(steps that retried, steps) over the final phase's steps after its compile step, the traced one left out."""
-    final = max(row["phase"] for row in steps)
-    rows = [row for row in steps if row["phase"] == final and row["phase_step"] and not row.get("traced")]
+    rows = [row for row in final_rows(steps) if not row.get("traced")]
     return sum(row["alloc_retries"] > 0 for row in rows), len(rows)
 
 
