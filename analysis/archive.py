@@ -6,7 +6,8 @@ the worker logs, W&B folders, compile caches, earlier attempts or the allocator'
 Chrome trace (torch_trace.json, megabytes) is kept as what the tables read of it: its seconds by where they went
 (profiled_step.json, harness/contract/profiled_step.py), which the reader takes where the trace is absent. The
 sweep's index lines come along, so a later archive into the same folder (a campaign run in parts, or repeats folded
-into it) adds its points beside the earlier ones; a point already there is refused, never overwritten. A point
+into it) adds its points beside the earlier ones; a point the index does not list (a single run set beside the sweep,
+e.g. a cold run) keeps Hydra's overrides.yaml instead, which is where the reader finds its overrides; a point already there is refused, never overwritten. A point
 with no summary.json (one a call's end killed) holds no result and is left out, named on stderr. Every file
 is read as a run file is (harness/contract/safe_read.py): nothing outside the sweep dir, nothing but regular files.
 
@@ -49,20 +50,21 @@ def archive(sweep_dir: Path, out_dir: Path) -> tuple[list[str], list[str]]:
     taken = [name for name in names if (out_dir / name).exists()]
     if taken:
         raise ArchiveError(f"{out_dir / taken[0]}: already archived (a point is never overwritten)")
-    points = {name: point_files(sweep_dir, name) for name in names}
+    points = {name: point_files(sweep_dir, name, indexed=name in listed) for name in names}
     for name, files in points.items():
-        (out_dir / name).mkdir(parents=True)
         for file_name, text in files.items():
+            (out_dir / name / file_name).parent.mkdir(parents=True, exist_ok=True)
             (out_dir / name / file_name).write_text(text)
     append_index(sweep_dir, out_dir, names)
     return names, [name for name in found if name not in names]
 
 
-def point_files(sweep_dir: Path, name: str) -> dict[str, str]:
-    """file name -> text of one point's kept files, with profiled_step.json made from its trace."""
+def point_files(sweep_dir: Path, name: str, indexed: bool = True) -> dict[str, str]:
+    """file name -> text of one point's kept files, with profiled_step.json made from its trace; a point the index
+    does not list keeps its overrides file too (the index holds the others')."""
     run_dir = sweep_dir / name
     files = {}
-    for file_name in KEPT:
+    for file_name in KEPT if indexed else (*KEPT, runfiles.OVERRIDES):
         try:
             files[file_name] = safe_read.read_text(run_dir / file_name, sweep_dir, MAX_FILE_BYTES)
         except FileNotFoundError:

@@ -80,6 +80,21 @@ def test_a_second_archive_adds_its_points_and_never_overwrites_one(sweep, tmp_pa
         [*POINTS, "2_again"]
 
 
+def test_a_point_the_index_does_not_list_keeps_its_overrides_so_the_reader_still_names_it(sweep, tmp_path):
+    cold = sweep / "cold_offload"  # a single run set beside the sweep: Hydra's overrides, no index line
+    shutil.copytree(sweep / POINTS[0], cold)
+    (cold / runfiles.OVERRIDES).parent.mkdir()
+    (cold / runfiles.OVERRIDES).write_text("- arm=offload\n- train.seq_len=1024\n- sweep.reuse=false\n")
+    (sweep / POINTS[0] / runfiles.OVERRIDES).parent.mkdir()
+    (sweep / POINTS[0] / runfiles.OVERRIDES).write_text("- arm=offload\n")
+    out = tmp_path / "out"
+    archive(sweep, out)
+    assert (out / "cold_offload" / runfiles.OVERRIDES).read_bytes() == (cold / runfiles.OVERRIDES).read_bytes()
+    assert not (out / POINTS[0] / runfiles.HYDRA_DIR).exists()  # the index holds a listed point's overrides
+    points = load_sweep(out).points.set_index("run_dir")
+    assert points.loc["cold_offload", "overrides"] == "arm=offload train.seq_len=1024 sweep.reuse=false"
+
+
 @pytest.mark.parametrize("spoil", ["too_large", "link_out", "bad_trace"])
 def test_a_file_it_may_not_read_stops_it_before_anything_is_written(sweep, tmp_path, spoil):
     ours = sweep / POINTS[1]
