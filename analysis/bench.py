@@ -7,13 +7,13 @@ final phase with the allocator's retries in it, whether the point went over its 
 and the largest relative loss difference against a `deepcompile` point like it (LIKE_KEYS: same model, shape,
 accumulation, dtype and seed; where none ran, the line says so); for our pass also the copy stall per step and the planner's predicted peak against the
 measured one. Points run on an emulated device (`env.device_memory_gb`) or under an allocator ceiling
-(`env.reserved_cap_gb`) say so in their label, as do the model, train, env and arm settings that tell the points of
-one arm apart (`offload[train.sub_group_size=25000000]`, `ds_offload[train.repeat=1]`). Then the comparisons, as the report's comparison table has them:
-our pass over DeepSpeed's (same workload and limits, each pass at its own default budget or both at one, the line
-naming which where the sweep holds both) and over DeepCompile without offload, each a ratio of
-medians over repeats with its 95% two-level bootstrap interval (`0.701× [0.673, 0.756], n = 3×30 / 3×30`). Last,
-the device minutes every run took and the share of them spent in measured steps, and what a point that reused the
-sweep's DeepCompile profiles cost against one that made them.
+(`env.reserved_cap_gb`) say so in their label, as do the design keys that tell the runs of one arm apart, named as
+the report names them (`offload[train.sub_group_size=25000000]`, `ds_offload[repeat=1]`). Then the comparisons, as
+the report's comparison table has them: our pass over DeepSpeed's (same workload and limits, each pass at its own
+default budget or both at one, the line naming which where the sweep holds both) and over DeepCompile without
+offload, each a ratio of medians over repeats with its 95% two-level bootstrap interval
+(`0.701× [0.673, 0.756], n = 3×30 / 3×30`). Last, the device minutes every run took and the share of them spent in
+measured steps, and what a point that reused the sweep's DeepCompile profiles cost against one that made them.
 """
 from __future__ import annotations
 
@@ -22,8 +22,12 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
+from analysis.columns import CONFIG_COLUMNS
+from analysis.design import NAMING_COLUMNS, design, format_value
+from analysis.load import combined, sweep_of
 from harness.contract import reader, schema
 from harness.contract.budget import recorded_over_budget_bytes
 from harness.arms import BenchRole, known_class
@@ -36,9 +40,7 @@ KNOBS = schema.pass_knobs()  # our pass's, in the schema's order
 
 
 LIMITS = ("device_memory_gb", "reserved_cap_gb")  # an emulated device size, an allocator ceiling inside it
-# Groups whose keys label a point where they vary between the points of its arm (train.sub_group_size, a repeat,
-# the allocator's settings); our pass's knobs and the limits are labelled as above.
-SETTING_GROUPS = ("model", "train", "env", "arm")
+KEY_OF_COLUMN = {column: key for key, column in CONFIG_COLUMNS.items()}  # a sweep frame's short column -> its key
 # What a loss-parity reference shares with the point: the same model on the same batches in the same precision.
 LIKE_KEYS = ("model.name", "train.seq_len", "train.micro_batch", "train.grad_accum", "train.dtype", "train.seed")
 
@@ -56,7 +58,9 @@ def load_points(sweep_dirs: list[Path], problems: list[Problem] | None = None) -
 
 
 def points_of(sweep_dir: Path, files: reader.SweepFiles) -> list[dict]:
-    """The points of one sweep's run files as the reader read them."""
+    """The points of one sweep's run files as the reader read them, each with its row of the loaded sweep (what
+    the design reads)."""
+    sweep_rows = {row["run_dir"]: row for row in sweep_of(sweep_dir, files).points.to_dict("records")}
     points = []
     for point in files.points:
         config = point.config
@@ -68,34 +72,26 @@ def points_of(sweep_dir: Path, files: reader.SweepFiles) -> list[dict]:
                        "device_memory_gb": lookup(config, "env.device_memory_gb", None),
                        "rows": point.steps, "run_dir": Path(sweep_dir) / point.run_dir,
                        "like": tuple(lookup(config, key, None) for key in LIKE_KEYS),
-                       "settings": settings_of(config),
+                       "sweep_row": sweep_rows[point.run_dir],
                        "over_budget_bytes": recorded_over_budget_bytes(point.summary, point.steps)})
     return points
 
 
-def settings_of(config: dict) -> dict[str, str]:
-    """The point's `group.key` values of SETTING_GROUPS, as text (the arm's name and the limits aside)."""
-    settings = {}
-    for group in SETTING_GROUPS:
-        for key, value in _section(config.get(group)).items():
-            name = f"{group}.{key}"
-            if name != "arm.name" and key not in LIMITS and not isinstance(value, (Mapping, list)):
-                settings[name] = str(value)
-    return settings
+def run_settings(points: list[dict]) -> dict[str, list[str]]:
+    """Per arm, the design keys of the loaded sweep that tell its runs apart (analysis.design, repeats too), in label
+    order, less those a label shows on terms of its own."""
+    if not points:
+        return {}
+    shown = design(pd.DataFrame([point["sweep_row"] for point in points]), repeats=True).shown
+    return {arm: [column for column in columns if not labelled_apart(column)] for arm, columns in shown.items()}
 
 
-def varying_settings(points: list[dict]) -> dict[str, list[str]]:
-    """Per arm, the settings whose values differ between its points, in name order."""
-    by_arm: dict[str, dict[str, set[str]]] = {}
-    for point in points:
-        values = by_arm.setdefault(point["arm"], {})
-        for name, value in point.get("settings", {}).items():
-            values.setdefault(name, set()).add(value)
-    names = {arm: {name for name, seen in values.items() if len(seen) > 1} for arm, values in by_arm.items()}
-    # a key a point lacks (an older config) varies too
-    for point in points:
-        names[point["arm"]] |= set(by_arm[point["arm"]]) - set(point.get("settings", {}))
-    return {arm: sorted(keys) for arm, keys in names.items()}
+def labelled_apart(column: str) -> bool:
+    """The offload group (our pass's knobs where they differ from the defaults; the budget heads each group) and the
+    limits (named wherever set) label a point whether or not they vary. The sweep's name is left out: the design
+    lists it wherever it varies, and only Design.label trims it to where the other keys leave runs alike."""
+    key = KEY_OF_COLUMN.get(column, column)
+    return key.startswith("offload.") or key in {f"env.{limit}" for limit in LIMITS} or column in NAMING_COLUMNS
 
 
 def idle_knobs(config: dict) -> tuple[str, ...]:
@@ -172,7 +168,7 @@ def describe(point: dict, defaults: dict | None = None, varying: list[str] = ())
         changed = [f"{k}={point['offload'][k]}" for k in KNOBS
                    if k in point["offload"] and point["offload"][k] != defaults.get(k)
                    and k not in point.get("idle", ())]
-    changed += [f"{name}={point.get('settings', {}).get(name, 'null')}" for name in varying]
+    changed += [f"{column}={format_value(point['sweep_row'].get(column))}" for column in varying]
     for limit in LIMITS:
         if point.get(limit) is not None:
             changed.append(f"{limit}={point[limit]}")
@@ -236,7 +232,7 @@ def over_budget_text(point: dict) -> str:
 
 def report(points: list[dict]) -> str:
     lines = []
-    varying = varying_settings(points)
+    varying = run_settings(points)
     for budget in sorted({p["budget_gb"] for p in points if not is_reference(p)}, key=lambda b: (b is None, b)):
         group = [p for p in points if p["budget_gb"] == budget or is_reference(p)]
         lines.append(f"== budget_gb={budget if budget is not None else 'auto'}")
@@ -291,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
         if not sweep_dir.is_dir():
             print(f"error: {sweep_dir}: not a directory", file=sys.stderr)
             return 2
-    from analysis.load import combined, sweep_of
-
     read = [(sweep_dir, reader.read_sweep(sweep_dir, known_class)) for sweep_dir in sweep_dirs]  # each sweep read once
     for _, files in read:
         for problem in files.problems:

@@ -62,8 +62,8 @@ def label_order(column: str) -> tuple[int, int, str]:
 @dataclass(frozen=True)
 class Design:
     """What tells design points apart: `keys` = arm plus every config column that varies between the points
-    of one arm (repeats aside); `shown` = per arm, the keys that vary between its points, in label order;
-    `values` = per arm, the distinct values of those keys as labels write them."""
+    of one arm (repeats aside, unless asked for); `shown` = per arm, the keys that vary between its points, in label
+    order; `values` = per arm, the distinct values of those keys as labels write them."""
 
     keys: list[str]
     shown: dict[str, list[str]]
@@ -119,11 +119,12 @@ class Design:
         return bool((self.values[arm].groupby(settings)[naming].nunique() > 1).any())
 
 
-def design(points: pd.DataFrame) -> Design:
+def design(points: pd.DataFrame, repeats: bool = False) -> Design:
     """Knobs that only one arm has (or that differ only between arms) are told apart by the arm already.
-    Pass the points a table or figure shows: a key varies or not between those."""
-    candidates = [column for column in points.columns
-                  if is_design_column(column) and column not in REPEAT_COLUMNS and column != "arm"]
+    Pass the points a table or figure shows: a key varies or not between those. With `repeats`, the repeat
+    columns count as keys too, for a printer that lists every run rather than design points (harness bench)."""
+    candidates = [column for column in points.columns if is_design_column(column) and column != "arm"
+                  and (repeats or column not in REPEAT_COLUMNS)]
     shown, values = {}, {}
     for arm, rows in points.groupby("arm", sort=False):
         # Values a point left idle say nothing about it: a key varies by the values that acted (our pass's

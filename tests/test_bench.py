@@ -9,6 +9,7 @@ import yaml
 
 from analysis.fixtures.synthetic import write_point as write_synthetic
 from analysis.bench import comparisons, knob_defaults, load_points, report, run_lengths
+from harness.contract.runfiles import OVERRIDES
 
 
 def write_point(sweep: Path, name: str, arm: str, median: float, losses: list[float], budget_gb=1e-6,
@@ -51,8 +52,11 @@ def test_report_prints_bytes_as_gb_and_leaves_out_knobs_the_point_left_idle(tmp_
 
 
 def set_train(run_dir: Path, **train) -> None:
+    """Sets `train` keys as a sweep does, by overrides (the design sees a key an override names)."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "train": {"seq_len": 1024, **train}}))
+    (run_dir / OVERRIDES).parent.mkdir()
+    (run_dir / OVERRIDES).write_text(yaml.safe_dump([f"train.{key}={value}" for key, value in train.items()]))
 
 
 def test_report_labels_each_point_by_the_settings_that_tell_its_arms_points_apart(tmp_path):
@@ -65,8 +69,9 @@ def test_report_labels_each_point_by_the_settings_that_tell_its_arms_points_apar
         set_train(tmp_path / name, **train)
     labels = [line.split()[0] for line in report(load_points([tmp_path])).splitlines() if line.startswith("  ")
               and not line.lstrip().startswith("final-phase")]
+    # named as the report names them (analysis.design): train.repeat is the `repeat` column
     assert labels == ["offload[train.sub_group_size=100000000]", "offload[train.sub_group_size=25000000]",
-                      "ds_offload[train.repeat=0]", "ds_offload[train.repeat=1]"]
+                      "ds_offload[repeat=0]", "ds_offload[repeat=1]"]
 
 
 def repeats(sweep: Path, arm: str, seconds: float, runs: int = 2, **kwargs) -> None:
