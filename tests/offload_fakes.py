@@ -36,15 +36,19 @@ class FakeEvent:
     def __init__(self, name: str, log: list, timing: bool = False):
         self.name, self.log, self.timing = name, log, timing
         self.time_ms: float | None = None
+        self.recorded = False
 
     def record(self, stream: FakeStream) -> None:
+        self.recorded = True
         if self.timing:  # timing events are the recorder's: kept out of the log the stream-order tests read
             self.time_ms = stream.clock.now_ms
         else:
             self.log.append(("record", self.name, stream.name))
 
     def synchronize(self) -> None:
-        assert self.time_ms is not None, "synchronize on an event never recorded"
+        assert self.recorded, "synchronize on an event never recorded"
+        if not self.timing:  # a host wait on a copy's event (the recorder's own reads stay out of the log)
+            self.log.append(("host_wait", self.name))
 
     def elapsed_time(self, end: "FakeEvent") -> float:
         assert self.timing and end.timing, "elapsed_time needs timing events"

@@ -71,7 +71,8 @@ class Harness:
         self.optimizer = FakeZero3Optimizer()
         self.device = device = FakeDevice()
         self.runtime = OffloadRuntime(StateMover(device, hold=release == "ordered"), "async",
-                                      EmptyCachePolicy("never", device.empty_cache))
+                                      EmptyCachePolicy("never", device.empty_cache),
+                                      reclaim_at_sites=release == "reclaimed")
         self.phase = phase
         self.pass_ = OffloadPass(self.runtime, self.optimizer, budget, reload, PlanFiles(str(tmp_path)),
                                  device_total_bytes=10_000, current_phase=lambda: self.phase,
@@ -155,14 +156,15 @@ def test_single_graph_placement_follows_the_plan(tmp_path, budget, reload):
     assert harness.runtime.planned == set(plan["offloaded"])
 
 
-def test_ordered_release_sites_free_each_state_no_later_than_planned(tmp_path):
+@pytest.mark.parametrize("release", ["ordered", "reclaimed"])
+def test_release_sites_free_or_reclaim_each_state_no_later_than_planned(tmp_path, release):
     fwd, bwd = traced_graphs()
     # offload everything; the cap leaves room for all states only at the start of the forward
-    harness = Harness(tmp_path, 0, release="ordered", cap=FLOOR // 2 + sum(TASK_BYTES.values()))
+    harness = Harness(tmp_path, 0, release=release, cap=FLOOR // 2 + sum(TASK_BYTES.values()))
     fwd_peaks = harness.run(fwd, 3, [(3, True)], bwd=False)
     harness.run(bwd, 3, [(3, True)], bwd=True)
     plan = read_plan(tmp_path)
-    assert plan["releases"] and plan["release_policy"] == "ordered"
+    assert plan["releases"] and plan["release_policy"] == release
 
     nodes = list(fwd.graph.nodes)
     sites = our_ops(fwd.graph, ops.RELEASE)
@@ -179,13 +181,20 @@ def test_ordered_release_sites_free_each_state_no_later_than_planned(tmp_path):
     assert released == {r["task"]: f"0:{r['before_node']}" for r in plan["releases"]}
     assert plan["release_sites"] == {site: list(tasks) for site, tasks in harness.runtime.release_sites.items()}
 
-    # running the ops: the released states' blocks go in stream order, the rest stay held until their reload
+    # running the ops: ordered, the released states' blocks go in stream order, the rest stay held until their
+    # reload; reclaimed, every block went at the launch and each site waits on the host for its states' copies
     ops.bind_runtime(harness.runtime)
     try:
+        harness.device.log.clear()
         for node in our_ops(fwd.graph):
             node.target(torch.zeros(1), node.args[1])
         held = {task for task, slot in harness.runtime.slots.items() if slot.held is not None}
-        assert held == set(plan["held"]) and held.isdisjoint(released)
+        waited = {entry[1] for entry in harness.device.log if entry[0] == "host_wait"}
+        if release == "ordered":
+            assert held == set(plan["held"]) and held.isdisjoint(released) and not waited
+        else:
+            assert held == set() == set(plan["held"])
+            assert waited == {harness.runtime.slots[task].offload_event.name for task in released}
     finally:
         ops.bind_runtime(None)
 

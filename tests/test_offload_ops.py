@@ -21,10 +21,11 @@ ops.register_ops()
 
 
 def make_runtime(optimizer, mode="async", empty_cache="never", streams="split", profiling=lambda: False,
-                 hold=False, micro_batches=WholeSteps(), copy_delay_us=0):
+                 hold=False, micro_batches=WholeSteps(), copy_delay_us=0, reclaim=False):
     device = FakeDevice()
     mover = StateMover(device, split_streams=streams == "split", hold=hold, copy_delay_us=copy_delay_us)
-    runtime = OffloadRuntime(mover, mode, EmptyCachePolicy(empty_cache, device.empty_cache), profiling, micro_batches)
+    runtime = OffloadRuntime(mover, mode, EmptyCachePolicy(empty_cache, device.empty_cache), profiling, micro_batches,
+                             reclaim_at_sites=reclaim)
     runtime.adopt(discover_tasks(optimizer))
     return runtime, device
 
@@ -233,6 +234,40 @@ def test_release_op_frees_the_states_the_plan_assigned_to_its_site(bound):
     # the two released states are copied back; the held one is pointed back at its block
     assert counters()["reloads"] - start["reloads"] == 2
     assert not any(slot.on_host for slot in runtime.slots.values()) and runtime.fallback_reloads == 0
+
+
+def test_reclaimed_release_site_waits_on_the_host_for_its_states_copies_and_holds_nothing(bound):
+    """release=reclaimed: the blocks go back at the launch (record_stream), and a site waits on the host for the
+    copies of the states assigned to it, no other: the allocator then finds those blocks free at its next request."""
+    runtime, device = make_runtime(FakeZero3Optimizer(), reclaim=True)
+    bound(runtime)
+    runtime.begin_phase()
+    runtime.finalize_plan(["0:fp32", "0:exp_avg", "1:fp32"], {"0:mm0": ("0:fp32",)})
+    call(ops.LAUNCH, tuple(runtime.slots))
+    assert sum(entry[0] == "record_stream" for entry in device.log) == 3
+    assert all(slot.held is None for slot in runtime.slots.values())
+    device.log.clear()
+    before = runtime.mover.timer.totals["reclaim_wait_s"]
+    ops.op(ops.RELEASE)(torch.zeros(1), ops.REGISTRY.add(ops.RELEASE, site="0:mm0"))
+    assert device.log == [("host_wait", runtime.slots["0:fp32"].offload_event.name)]
+    assert runtime.mover.timer.totals["reclaim_wait_s"] > before
+    assert runtime.mover.timer.totals["offload_stall_s"] == 0  # the device had the forward queued: no stall
+    start = counters()
+    for task_id in ("0:fp32", "0:exp_avg", "1:fp32"):
+        call(ops.RELOAD, (task_id,))
+    call(ops.END_BACKWARD)
+    assert counters()["reloads"] - start["reloads"] == 3  # every state copied back: none was held
+    assert runtime.fallback_reloads == 0
+
+
+def test_reclaim_waits_for_nothing_where_the_state_is_on_the_device():
+    runtime, device = make_runtime(FakeZero3Optimizer(sub_group_numels=(6,)), reclaim=True)
+    slot = runtime.slots["0:fp32"]
+    assert not runtime.mover.reclaim(slot) and device.log == []  # never offloaded
+    runtime.mover.offload([slot])
+    runtime.mover.reload(slot)
+    device.log.clear()
+    assert not runtime.mover.reclaim(slot) and device.log == []  # back on the device
 
 
 def gated_runtime(bound, **knobs):
@@ -566,10 +601,11 @@ def test_check_config_refuses_bad_knobs(key, value):
     assert error.value.key == f"offload.{key}"
 
 
-def test_check_config_refuses_ordered_release_in_blocking_mode():
+@pytest.mark.parametrize("release", ["ordered", "reclaimed"])
+def test_check_config_refuses_release_at_sites_in_blocking_mode(release):
     with pytest.raises(ConfigError) as error:
-        check_config(DS_OK, {**OFFLOAD_OK, "mode": "blocking", "release": "ordered"})
-    assert error.value.key == "offload.release"
+        check_config(DS_OK, {**OFFLOAD_OK, "mode": "blocking", "release": release})
+    assert error.value.key == "offload.release" and release in str(error.value)
 
 
 def test_check_config_names_a_missing_knob():

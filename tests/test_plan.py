@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.contract.errors import ConfigError
-from harness.offload.plan import Plan, make_plan, plan_file_text, plan_offload, read_plan_file
+from harness.offload.plan import Plan, Release, make_plan, plan_file_text, plan_offload, read_plan_file
 from harness.offload.profile import load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -505,6 +505,20 @@ def test_ordered_release_frees_blocks_just_before_the_cap_would_be_exceeded():
     # reloads are placed under the cap too; the held c costs nothing
     assert reload_points(plan) == [("a", 0, "b0"), ("b", 0, "b0"), ("c", 0, "b0")]
     assert (plan.peak_cap_bytes, plan.predicted_peak_bytes) == (50, 50)
+
+
+def test_reclaimed_release_waits_where_ordered_frees_and_predicts_recorded_release_peak():
+    """release=reclaimed frees every block at the launch, as recorded does (same reloads, same predicted peak, nothing
+    held), and waits for each copy where ordered release would free its block: where the forward needs it."""
+    profile = two_graph_profile([10, 20, 30], [35, 5], {"a": 10, "b": 10, "c": 10})
+    ordered = make_plan(profile, 0, "asap", release="ordered", cap_bytes=50)
+    recorded = make_plan(profile, 0, "asap", release="recorded", cap_bytes=50)
+    reclaimed = make_plan(profile, 0, "asap", release="reclaimed", cap_bytes=50)
+    assert reclaimed.releases == ordered.releases == [Release("a", 0, False, "f2"), Release("b", 0, False, "f2")]
+    assert reclaimed.held == [] and reclaimed.offloaded == recorded.offloaded
+    assert reload_points(reclaimed) == reload_points(recorded)
+    assert reclaimed.predicted_peak_bytes == recorded.predicted_peak_bytes
+    assert reclaimed.release_policy == "reclaimed"
 
 
 def test_recorded_release_lists_no_releases_and_holds_nothing(small_profile):

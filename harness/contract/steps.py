@@ -121,6 +121,8 @@ FIELDS: tuple[StepField, ...] = (
               columns=(Column("H2D busy (s)", "median", "transfers"),)),
     StepField("offload_stall_s", "s", "arm", ranks="max", phase=("median",), cumulative=True,
               columns=(Column("compute waits (s)", "median", "transfers"),)),
+    # release=reclaimed: host seconds its sites waited for copies out (the device meanwhile runs the queued forward)
+    StepField("reclaim_wait_s", "s", "arm", ranks="max", phase=("median",), cumulative=True),
     # our pass's allocator reading at its launch op: the forward's start, before any offload
     StepField("fwd_start_allocated_bytes", "bytes", "arm", ranks="max"),
 )

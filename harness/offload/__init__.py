@@ -165,7 +165,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
                    copy_delay_us=copy_delay_us),
         mode=offload_cfg["mode"],
         cache_policy=EmptyCachePolicy(offload_cfg["empty_cache"], device.empty_cache),
-        is_profiling=lambda: get_deepcompile_handle().is_profiling(), micro_batches=EngineMicroBatches(engine))
+        is_profiling=lambda: get_deepcompile_handle().is_profiling(), micro_batches=EngineMicroBatches(engine),
+        reclaim_at_sites=offload_cfg["release"] == "reclaimed")
     ops.register_ops()
     ops.bind_runtime(runtime)
     SubGroupGate(optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()

@@ -9,9 +9,10 @@ param_manager, bwd)`, run once per graph at the step where a schedule entry star
   node, the empty-cache op and one launch op naming every task; the launch op offloads at run time only the
   tasks the plan offloads, because the plan needs the backward profile, which exists only once backward is
   compiled. Later forward graphs (graph breaks) get nothing: all offloads start at the head of the step.
-- plan, forward, release=ordered: also up to graph_edit.RELEASE_SITES release ops, evenly spaced, each before a
-  node. Which states each one frees is decided with the plan (the planner names a node per state; the state goes
-  to the last site at or before it, so it is freed no later than planned).
+- plan, forward, release=ordered or reclaimed: also up to graph_edit.RELEASE_SITES release ops, evenly spaced, each
+  before a node. Which states each one frees (ordered) or waits for (reclaimed) is decided with the plan (the
+  planner names a node per state; the state goes to the last site at or before it, so it is freed no later than
+  planned).
 - before_compose (`offload.compose` only; right after gather/release, before DeepCompile's prefetch and selective
   gather): keep the graph's profile and the allocator's reading as they are without those passes. The plan pass,
   after them, plans on the kept readings (the step measured before planning ran without them, and profile.calibrate
@@ -44,7 +45,7 @@ from harness.offload import ops
 from harness.offload.graph_edit import (insert_end_backward, insert_head_ops, insert_release_sites, insert_reloads,
                                         profiled_node_names, release_site_names, strip_offload_ops)
 from harness.offload.profile_builder import ProfileBuilder, graph_nodes_profile, memory_records, readings_before
-from harness.offload.plan import device_limit_bytes, plan_offload
+from harness.offload.plan import RELEASED_AT_SITES, device_limit_bytes, plan_offload
 from harness.offload.plan_record import Plan, PlanRecord, plan_file_text
 from harness.contract.errors import PlanRefused
 from harness.offload.runtime import OffloadRuntime
@@ -192,7 +193,7 @@ class OffloadPass:
             task_ids = tuple(self.runtime.slots)
             insert_head_ops(graph, [(ops.EMPTY_CACHE, ops.REGISTRY.add(ops.EMPTY_CACHE)),
                                     (ops.LAUNCH, ops.REGISTRY.add(ops.LAUNCH, task_ids))])
-        if self.release_policy == "ordered":
+        if self.release_policy in RELEASED_AT_SITES:
             index = self._builder.index(graph_id)
             names = release_site_names(profiled_node_names(graph))
             self._release_sites[index] = names

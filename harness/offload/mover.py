@@ -15,7 +15,11 @@ Stream discipline (the compute stream is the current stream when an op runs):
   next compute-stream allocation in stream order, independent of how far the host runs ahead of the device
   (with record_stream it can reuse the block only once the host sees the copy done, and maps new memory
   meanwhile). A reload of a slot still holding its block just points the state back at it: no copy.
-Nothing here waits on the host except `evict_all` (compile time) and the blocking mode's `synchronize`.
+- reclaim (release=reclaimed): the block is freed with record_stream as above; `reclaim` waits on the host for the
+  copy that reads it, so the allocator, which checks a record_stream block's copy only when a request comes,
+  finds it done at the next request and hands the block out instead of mapping new memory.
+Nothing here waits on the host except `evict_all` (compile time), the blocking mode's `synchronize` and `reclaim`,
+which its release sites call where the plan needs a block back.
 Every compute-stream wait and every copy is timed on the device (stalls.py); `copy_delay_us` (debug) makes the
 copy stream sleep on the device before each copy, so a missing stream wait shows up as a wrong result.
 """
@@ -27,7 +31,7 @@ from typing import Any, Iterable, Protocol
 
 import torch
 
-from harness.offload.stalls import D2H_BUSY, H2D_BUSY, StallRecorder
+from harness.offload.stalls import D2H_BUSY, H2D_BUSY, RECLAIM_WAIT, StallRecorder
 from harness.offload.states import Task
 
 
@@ -160,6 +164,15 @@ class StateMover:
             return False
         self.timer.compute_waits(slot.offload_event)
         slot.held = None
+        return True
+
+    def reclaim(self, slot: TaskSlot) -> bool:
+        """Wait on the host for the copy out of a slot on the host, so the allocator's next request can reuse the block
+        it freed (record_stream). True if it waited."""
+        if not slot.on_host or slot.offload_event is None:
+            return False
+        with self.timer.host_wait(RECLAIM_WAIT):
+            slot.offload_event.synchronize()
         return True
 
     def reload(self, slot: TaskSlot) -> bool:

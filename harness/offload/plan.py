@@ -39,6 +39,11 @@ Definitions (all in bytes):
     node i, release the next held task (task order) while  need(i) + bytes(R) + bytes(held) > cap,  where
     need(i) = peak(i), and for the last forward node max(peak, floor): backward has no release sites. A task
     never released stays on the device; its reload only points the state back at the held block (no copy).
+  - reclaimed: freed at the launch as recorded, so the walk below is recorded's; the releases are placed as
+    ordered's, and there the host waits for the task's copy, so the allocator (which reuses a record_stream
+    block only once the host sees its copy done) hands the block to the next request instead of mapping new
+    memory, or, at the device limit, flushing its cache and retrying. The wait stalls the host only: the device
+    has the forward up to that node queued.
 - Reload placement and the walk below count what is on the device: R, the held tasks, and the reloaded ones.
   `cap` (default: the budget) is the limit both releases and asap reloads are placed under.
 - The step's end: after the last backward node all states are back for the optimizer step. Its baseline is the
@@ -102,6 +107,8 @@ __all__ = ["Plan", "PlanRecord", "Release", "Reload", "plan_file_text", "read_pl
 
 RELOAD_POLICIES = choices(OffloadConfig, "reload")
 RELEASE_POLICIES = choices(OffloadConfig, "release")
+# the policies whose releases sit at forward nodes (graph_pass): all but recorded, which frees every block at the launch
+RELEASED_AT_SITES = tuple(policy for policy in RELEASE_POLICIES if policy != "recorded")
 BUDGET_RULES = choices(OffloadConfig, "budget_rule")
 DEFAULT_BUDGET_RULE = "step_model"  # conf/offload/default.yaml's; the CLI plans a budget as a run would
 
@@ -197,7 +204,7 @@ def predict_peak(profile: Profile, resident_bytes: int, offloaded: tuple[Task, .
 def make_plan(profile: dict, budget_bytes: int, reload: str = "asap", release: str = "recorded",
               cap_bytes: int | None = None) -> Plan:
     """The plan for one rank: which tasks to offload, where in forward to release their device blocks (ordered
-    release only) and where in backward to reload them. `cap_bytes` defaults to the budget."""
+    and reclaimed release) and where in backward to reload them. `cap_bytes` defaults to the budget."""
     # Placed on the profile as read, as DeepSpeed's pass places (both offload comparable bytes at one budget);
     # the predicted peak comes from the step model calibrated to the running step.
     read = read_profile(profile)
@@ -276,11 +283,11 @@ def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str,
     predicted on `predict_on` (the same graphs, calibrated), default the profile it was placed on."""
     resident, offloaded = parsed.tasks[:n_resident], parsed.tasks[n_resident:]
     resident_bytes = sum(task.bytes for task in resident)
-    if release == "ordered":
-        releases = place_releases(parsed, offloaded, resident_bytes, cap_bytes)
-    else:  # recorded: every block goes back at the launch, before the first node
-        releases = [(0, task) for task in offloaded]
-    released = {task.id for _, task in releases}
+    # where the forward first needs a task's block back: ordered frees it there, reclaimed waits there for its copy
+    releases = place_releases(parsed, offloaded, resident_bytes, cap_bytes) if release in RELEASED_AT_SITES else []
+    # when each block goes back to the allocator: recorded and reclaimed at the launch, before the first node
+    freed = releases if release == "ordered" else [(0, task) for task in offloaded]
+    released = {task.id for _, task in freed}
     held = tuple(task for task in offloaded if task.id not in released)
     held_bytes = sum(task.bytes for task in held)
     if reload == "asap":
@@ -288,12 +295,11 @@ def _plan_keeping(parsed: Profile, n_resident: int, cap_bytes: int, reload: str,
                                      frozenset(task.id for task in held))
     else:
         reloads = [(parsed.bwd_positions[-1], task) for task in offloaded]
-    predicted_peak = predict_peak(predict_on or parsed, resident_bytes, offloaded, releases, reloads)
+    predicted_peak = predict_peak(predict_on or parsed, resident_bytes, offloaded, freed, reloads)
     return Plan(
         peak_cap_bytes=cap_bytes, reload_policy=reload, release_policy=release,
-        releases=[] if release == "recorded" else [
-            Release(task.id, parsed.nodes[position].graph_id, False, parsed.nodes[position].name)
-            for position, task in releases],
+        releases=[Release(task.id, parsed.nodes[position].graph_id, False, parsed.nodes[position].name)
+                  for position, task in releases],
         held=[task.id for task in held],
         offloaded=[task.id for task in offloaded],
         offloaded_bytes=sum(task.bytes for task in offloaded),

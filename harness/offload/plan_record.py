@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 @dataclass(frozen=True)
 class Release:
-    """Free an offloaded state's device block right before a forward node (release=ordered)."""
+    """Free an offloaded state's device block right before a forward node (release=ordered), or wait there on the
+    host for its copy out (release=reclaimed)."""
     task: str
     graph_id: int
     bwd: bool

@@ -8,8 +8,10 @@
   copies every state back and waits (PR #8186's "blocking variant").
 - `empty_cache`: never | once_per_phase (at the first step after a plan is made) | per_step, applied by the op
   at the head of the first forward graph.
-- release ops (release=ordered): each sits at a site in a forward graph; the plan, made once backward is
-  compiled, says which states each site releases (the mover then holds the blocks until their site).
+- release ops (release=ordered or reclaimed): each sits at a site in a forward graph; the plan, made once backward
+  is compiled, says which states each site releases. Ordered: the mover holds the blocks until their site, which
+  frees them in stream order. Reclaimed: the blocks were freed at the launch (record_stream); the site waits on
+  the host for their copies, so the allocator can hand them out at the next request.
 - gradient accumulation (accumulation.py): the compiled graphs run once per micro-batch. The launch and
   empty-cache ops act only in the first micro-batch after an optimizer step, the reload and end-of-backward ops
   only in the last one, whose optimizer step reads the states; between them the states stay on the host and
@@ -55,10 +57,12 @@ class EmptyCachePolicy:
 
 class OffloadRuntime:
     def __init__(self, mover: StateMover, mode: str, cache_policy: EmptyCachePolicy,
-                 is_profiling: Callable[[], bool] = lambda: False, micro_batches: MicroBatches = WholeSteps()):
+                 is_profiling: Callable[[], bool] = lambda: False, micro_batches: MicroBatches = WholeSteps(),
+                 reclaim_at_sites: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mover = mover
+        self.reclaim_at_sites = reclaim_at_sites  # release=reclaimed: a site waits for its states' copies out
         self.blocking = mode == "blocking"
         self.cache_policy = cache_policy
         self.is_profiling = is_profiling
@@ -141,8 +145,9 @@ class OffloadRuntime:
         elif entry.kind == ops.END_BACKWARD:
             self._end_backward()
         elif entry.kind == ops.RELEASE:
+            release = self.mover.reclaim if self.reclaim_at_sites else self.mover.release
             for task_id in self.release_sites.get(entry.site, ()):
-                self.mover.release(self.slots[task_id])
+                release(self.slots[task_id])
 
     def _acts_in_this_micro_batch(self, kind: str) -> bool:
         """With gradient accumulation: the states go out in the first micro-batch after an optimizer step and come

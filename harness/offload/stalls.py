@@ -5,7 +5,8 @@ see it. Two timing events recorded on the compute stream, one before the wait an
 stream reaches them: the second cannot complete before the copy has, so their distance is the time compute stood
 still for that copy (0 when the copy was already done). A copy stream's busy time is the distance between events
 recorded right before and right after each copy (after the stream's own waits). Blocking mode waits on the host:
-that wall time is the stall there.
+that wall time is the stall there. Reclaimed release's waits at its sites are host waits with the device still busy
+on the queued forward, so they are kept apart (`reclaim_wait_s`): not a stall unless the device runs dry.
 
 Pairs are kept until `collect()`, which the worker calls after its end-of-step synchronize, so reading the events
 never waits for the device.
@@ -19,7 +20,8 @@ from typing import Any, Iterator
 STALL = "offload_stall_s"
 D2H_BUSY = "copy_d2h_busy_s"
 H2D_BUSY = "copy_h2d_busy_s"
-TIMES = (STALL, D2H_BUSY, H2D_BUSY)
+RECLAIM_WAIT = "reclaim_wait_s"
+TIMES = (STALL, D2H_BUSY, H2D_BUSY, RECLAIM_WAIT)
 
 
 class StallRecorder:
@@ -51,11 +53,12 @@ class StallRecorder:
         self._pairs.append((kind, start, end))
 
     @contextlib.contextmanager
-    def host_wait(self) -> Iterator[None]:
-        """A host wait for copies (blocking mode): compute has nothing queued meanwhile."""
+    def host_wait(self, kind: str = STALL) -> Iterator[None]:
+        """A host wait for copies: a stall in blocking mode (compute has nothing queued meanwhile), a reclaim
+        wait at a reclaimed release's site."""
         start = time.perf_counter()
         yield
-        self.totals[STALL] += time.perf_counter() - start
+        self.totals[kind] += time.perf_counter() - start
 
     def collect(self) -> dict[str, float]:
         """Add the recorded pairs to the totals (the device must be past them) and return the totals."""

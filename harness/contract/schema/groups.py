@@ -135,8 +135,9 @@ class OffloadConfig(BudgetConfig):
     reload: Annotated[Literal["asap", "at_end"], COLUMN]  # asap (as soon as the cap allows in backward) | at_end
     # When an offloaded state's device memory is reusable: recorded (record_stream: once the host sees its copy
     # done) | ordered (the compute stream waits for the copy at a planned forward node, then frees it: reserved
-    # memory stays at the cap, compute may stall).
-    release: Annotated[Literal["recorded", "ordered"], COLUMN]
+    # memory stays at the cap, compute may stall) | reclaimed (recorded, and at the planned forward node the host
+    # waits for the copy, so the allocator's next request finds the block free: no retry for a block in flight).
+    release: Annotated[Literal["recorded", "ordered", "reclaimed"], COLUMN]
     # start (every state to the host before step 0; phase 0's optimizer step brings each sub-group in for its update
     # and out again) | planning_step (first evicted at the planning step, as DeepSpeed's pass: phase 0 holds every
     # state, so it needs the most memory).
@@ -163,8 +164,9 @@ class OffloadConfig(BudgetConfig):
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
         super().check(cfg)
-        if cfg["offload"]["release"] == "ordered" and cfg["offload"]["mode"] == "blocking":
-            raise ConfigError("offload.release", "ordered release needs mode=async (blocking copies all out and waits)")
+        if cfg["offload"]["release"] != "recorded" and cfg["offload"]["mode"] == "blocking":
+            raise ConfigError("offload.release", f"{cfg['offload']['release']} release needs mode=async (blocking "
+                              "copies all out and waits)")
         if cfg["offload"]["budget_rule"] == "step_model" and cfg["offload"]["peak_cap_gb"] is not None:
             raise ConfigError("offload.peak_cap_gb", "budget_rule=step_model places reloads and releases under the "
                               "peak it plans to fit; a cap applies to budget_rule=deepspeed only")
