@@ -2,6 +2,7 @@
 
     pytest -m gpu tests/test_offload_gpu.py -k partial      # baseline + ours at a partial budget + ds_offload
     pytest -m gpu tests/test_offload_gpu.py -k "forced or warm or blocking"
+    pytest -m gpu tests/test_offload_gpu.py -k "ordered or reclaimed"  # release at the planner's sites (~2.5 min each)
     pytest -m gpu tests/test_offload_gpu.py -k race                # copy delays on wide_2l (~1.5 min per run)
     pytest -m gpu tests/test_offload_gpu.py -k accumulation        # gradient accumulation 4: 3 runs, ~8 min
     pytest -m gpu tests/test_offload_gpu.py -k compose             # composed with prefetch + selective gather at 12 GB,
@@ -200,6 +201,20 @@ def test_ordered_release_matches_deepcompile_losses(runs_dir, baseline):
     copied_back = len(plan["offloaded"]) - len(plan["held"])  # a held state is pointed back at its block
     for row in steady_rows(run_dir):
         assert row["offload_launches"] == len(plan["offloaded"]) and row["reloads"] == copied_back > 0, row
+    assert_same_losses(run_dir, baseline)
+
+
+def test_reclaimed_release_matches_deepcompile_losses(runs_dir, baseline):
+    """release=reclaimed: the ordered planner's sites, where the host waits for the copies out; nothing is held, so
+    every state is copied back, and the waits are recorded (reclaim_wait_s)."""
+    run_dir = run_point(runs_dir, "offload_reclaimed", ["arm=offload", f"offload.budget_gb={FORCED_ALL_GB}",
+                                                        BY_DEEPSPEED, "offload.release=reclaimed",
+                                                        "offload.peak_cap_gb=12"])
+    plan = read_json(run_dir, "plan.json")
+    assert plan["release_policy"] == "reclaimed" and plan["release_sites"] and plan["held"] == [], plan
+    for row in steady_rows(run_dir):
+        assert row["offload_launches"] == row["reloads"] == len(plan["offloaded"]), row
+        assert row["reclaim_wait_s"] is not None and row["reclaim_wait_s"] >= 0, row
     assert_same_losses(run_dir, baseline)
 
 
