@@ -7,9 +7,10 @@ Chrome trace (torch_trace.json, megabytes) is kept as what the tables read of it
 (profiled_step.json, harness/contract/profiled_step.py), which the reader takes where the trace is absent. The
 sweep's index lines come along, so a later archive into the same folder (a campaign run in parts, or repeats folded
 into it) adds its points beside the earlier ones; a point the index does not list (a single run set beside the sweep,
-e.g. a cold run) keeps Hydra's overrides.yaml instead, which is where the reader finds its overrides; a point already there is refused, never overwritten. A point
-with no summary.json (one a call's end killed) holds no result and is left out, named on stderr. Every file
-is read as a run file is (harness/contract/safe_read.py): nothing outside the sweep dir, nothing but regular files.
+e.g. a cold run) keeps Hydra's overrides.yaml instead, which is where the reader finds its overrides. A point already
+there is refused, never overwritten. A point with no summary.json (one a call's end killed) holds no result and is
+left out, named on stderr. Every file is read as a run file is (harness/contract/safe_read.py): nothing outside the
+sweep dir, nothing but regular files.
 
     harness archive multirun/retry_causes/run1 results/retry_causes/sweep
 """

@@ -16,7 +16,7 @@ CAMPAIGNS = sorted(path.parent for path in RESULTS.glob("*/sweep"))
 REBUILT_SUFFIXES = (".md", ".tex", ".csv")  # text files; PNG/PDF bytes depend on the matplotlib build
 RUN_FILES = {"config.yaml", "env.json", "worker.json", "summary.json", "steps.jsonl", "profile.json", "plan.json",
              "git.diff", "memory_trace.json", "profiled_step.json",
-             ".hydra/overrides.yaml"}  # what `harness archive` keeps (analysis/archive.py): overrides of unindexed points
+             ".hydra/overrides.yaml"}  # what `harness archive` keeps (analysis/archive.py); overrides: unindexed points
 # A campaign's README line for points recorded before env.json named the diff of a dirty tree (not rewritten).
 LEGACY_PROVENANCE = "Provenance: legacy"
 
