@@ -93,18 +93,21 @@ class Design:
         return ", ".join([head, *(f"{key}={format_value(row[key])}" for key in keys), *([note] if note else [])])
 
     def over_budget_note(self, row: Mapping[str, Any], leave_out: Iterable[str] = ()) -> str | None:
-        """'over budget by 1.29 GB' ('... in 2 of 3 runs'): a design point whose plan was infeasible or whose
-        measured peak passed its budget, matched on the design keys the row has but those left out (a line along an
-        axis covers the points along it); None where every point it covers kept its budget."""
+        """'over budget by 1.29 GB' ('... in 2 of 3 runs'; 'by up to' where the points it covers went over by
+        different amounts): a design point whose plan was infeasible or whose measured peak passed its budget,
+        matched on the design keys the row has but those left out (a line along an axis covers the points along it);
+        None where every point it covers kept its budget."""
         leave_out = set(leave_out)
         matches = [(over, n_over, n_runs) for values, over, n_over, n_runs in self.over_budget
                    if all(format_value(row[key]) == value for key, value in values.items()
                           if key in row and key not in leave_out)]
         if not matches:
             return None
+        amounts = {f"{over / GB:.2f}" for over, _, _ in matches}
         over, n_over = max(over for over, _, _ in matches), sum(n_over for _, n_over, _ in matches)
         n_runs = self._runs_covered(row, leave_out) or max(n_runs for _, _, n_runs in matches)
-        return f"over budget by {over / GB:.2f} GB" + (f" in {n_over} of {n_runs} runs" if n_over < n_runs else "")
+        return (f"over budget by {'up to ' if len(amounts) > 1 else ''}{over / GB:.2f} GB"
+                + (f" in {n_over} of {n_runs} runs" if n_over < n_runs else ""))
 
     def _runs_covered(self, row: Mapping[str, Any], leave_out: set[str]) -> int:
         """How many runs the row's line covers (over budget or not)."""

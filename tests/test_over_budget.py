@@ -91,3 +91,17 @@ def test_a_refused_plan_is_found_behind_the_compilers_wrapping_and_recorded_conf
                                                           "message": f"PlanRefused: {refused}"}))
     status, reason = classify(LaunchResult(returncode=1, timed_out=False, wall_time_s=1.0), tmp_path, 2, 10)
     assert status == "config_error" and "1.29 GB short" in reason
+
+
+def test_a_line_over_points_that_went_over_by_different_amounts_names_the_largest_as_up_to(tmp_path):
+    """A figure's line along the budget covers every budget's point: where they went over by different amounts, its
+    note gives the largest as 'up to', where one amount covers them all, as it is."""
+    from analysis.design import design
+
+    for index, (budget, peak) in enumerate(((8, 9), (9, 9.5), (10, 9.5))):  # over by 1 GB, 0.5 GB, kept
+        write_point(tmp_path, index, arm="offload", budget_gb=budget,
+                    phase_times=((5.0, *[0.1] * 6),), step_values={"peak_allocated_bytes": int(peak * GB)})
+    points = load_sweep(tmp_path).points
+    line = design(points).over_budget_note(points.iloc[0].to_dict(), leave_out=["budget_gb"])
+    assert line == "over budget by up to 1.00 GB in 2 of 3 runs"
+    assert design(points).over_budget_note(points.iloc[1].to_dict()) == "over budget by 0.50 GB"
