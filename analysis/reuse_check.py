@@ -42,8 +42,8 @@ def reuse_pairs(points: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[tuple, 
     def context(row: Mapping[str, Any]) -> tuple:
         return tuple(format_value(row.get(key)) for key in keys)
 
-    reused = [point for point in design_points if point[0].get(REUSE) is True and _reused(point[2])]
-    cold = [point for point in design_points if point[0].get(REUSE) is False]
+    reused = [point for point in design_points if format_value(point[0].get(REUSE)) == "True" and _reused(point[2])]
+    cold = [point for point in design_points if format_value(point[0].get(REUSE)) == "False"]
     return [(point, base) for point in reused for base in cold if context(point[0]) == context(base[0])]
 
 
