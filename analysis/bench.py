@@ -53,14 +53,14 @@ def load_points(sweep_dirs: list[Path], problems: list[Problem] | None = None) -
         files = reader.read_sweep(sweep_dir, known_class)
         if problems is not None:
             problems.extend(files.problems)
-        points.extend(points_of(sweep_dir, files))
+        points.extend(points_of(sweep_dir, files, sweep_of(sweep_dir, files).points))
     return points
 
 
-def points_of(sweep_dir: Path, files: reader.SweepFiles) -> list[dict]:
-    """The points of one sweep's run files as the reader read them, each with its row of the loaded sweep (what
-    the design reads)."""
-    sweep_rows = {row["run_dir"]: row for row in sweep_of(sweep_dir, files).points.to_dict("records")}
+def points_of(sweep_dir: Path, files: reader.SweepFiles, sweep_points: pd.DataFrame) -> list[dict]:
+    """The points of one sweep's run files as the reader read them, each with its row of the loaded sweep
+    (`sweep_points`, what the design reads)."""
+    sweep_rows = {row["run_dir"]: row for row in sweep_points.to_dict("records")}
     points = []
     for point in files.points:
         config = point.config
@@ -291,11 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     for _, files in read:
         for problem in files.problems:
             print(problem.line(), file=sys.stderr)
-    points = [point for sweep_dir, files in read for point in points_of(sweep_dir, files)]
+    loaded = [(sweep_dir, files, sweep_of(sweep_dir, files)) for sweep_dir, files in read]  # each sweep loaded once
+    points = [point for sweep_dir, files, sweep in loaded for point in points_of(sweep_dir, files, sweep.points)]
     if not points:
         print(f"error: {', '.join(map(str, sweep_dirs))}: no readable points", file=sys.stderr)
         return 1
-    sweep = combined([sweep_of(sweep_dir, files) for sweep_dir, files in read])
+    sweep = combined([sweep for _, _, sweep in loaded])
     print("\n".join(filter(None, [report(points), comparison_lines(sweep), device_time(sweep)])))
     return 0
 

@@ -1,8 +1,8 @@
 """Reused against cold (`sweep.reuse`): a point that took its sweep's DeepCompile profiles must run as the same point
 made cold does: the same plan (the bytes it offloads), the same predicted peak, and a step time whose ratio to the
 cold one's has a 95% interval holding 1. Table `reuse_check`, per pair of design points of one arm that differ only
-in `sweep.reuse` (repeats aside), the reused one having reused profiles; made only where a sweep holds such a pair
-(experiments/budget_sweep.yaml's cold run).
+in `sweep.reuse` (repeats aside), the reused one having reused profiles; empty where a sweep holds no such pair, and
+then left out of the report (a pair comes from experiments/budget_sweep.yaml's cold run).
 """
 from __future__ import annotations
 
@@ -45,10 +45,6 @@ def reuse_pairs(points: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[tuple, 
     reused = [point for point in design_points if format_value(point[0].get(REUSE)) == "True" and _reused(point[2])]
     cold = [point for point in design_points if format_value(point[0].get(REUSE)) == "False"]
     return [(point, base) for point in reused for base in cold if context(point[0]) == context(base[0])]
-
-
-def has_reuse_pairs(points: pd.DataFrame, steps: pd.DataFrame) -> bool:
-    return bool(reuse_pairs(points, steps))
 
 
 def _gb_pair(values: Sequence[float | None]) -> str:

@@ -29,7 +29,7 @@ from analysis import comparison_figures
 from analysis.measurement import comparison_table, measurement_table, retry_table
 from analysis.nothing_to_move import has_nothing_to_move, nothing_to_move_table
 from analysis.retry_causes import has_retry_traces, retry_cause_table
-from analysis.reuse_check import has_reuse_pairs, reuse_check_table
+from analysis.reuse_check import reuse_check_table
 from analysis.wall_time import wall_time_table
 from analysis.notebook import open_report
 
@@ -66,8 +66,9 @@ comparisons.display
 # DeepCompile profiles must plan as it does and run as fast, within the interval.
 
 # %%
-if has_reuse_pairs(report.points, report.steps):
-    report.table(reuse_check_table(report.points, report.steps))
+reuse_check = reuse_check_table(report.points, report.steps)
+if not reuse_check.values.empty:
+    report.table(reuse_check)
 
 # %% [markdown]
 # Where our pass's time goes when it has nothing to move (where such a point profiled a step): ours against
