@@ -164,9 +164,37 @@ def slow_down(debug: DebugConfig, step: int, rank: int) -> None:
         time.sleep(debug.fault_sleep_s)
 
 
+@dataclass
+class Built:
+    """What a rank built before step 0, handed from `build` to `step_loop`."""
+    device: torch.device
+    rank: int
+    world: int
+    monitor: MemoryMonitor
+    host: HostMemoryMonitor
+    engine: Any
+    starts: list[int]  # the step each phase starts at
+    facts: dict[str, Any]  # worker.json's facts of the start
+    cache: profile_cache.ProfileCache | None  # the sweep's DeepCompile profiles (compiled arms only)
+
+
 def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     split = WallSplit()
     split.mark("imports_s")
+    built = build(config, run_dir, position, split)
+    if built.rank == 0:
+        write_json(run_dir / runfiles.WORKER, built.facts)
+    machine_facts = step_loop(config, run_dir, position, built, split)
+    if built.rank == 0:
+        cache_facts = built.cache.facts_for_worker() if built.cache else None
+        write_json(run_dir / runfiles.WORKER, {**built.facts, **config.arm.plan_facts(), **machine_facts,
+                                               "profile_cache": cache_facts, "wall_split": split.facts()})
+    dist.barrier()
+
+
+def build(config: schema.Config, run_dir: Path, position: Position, split: WallSplit) -> Built:
+    """Everything before step 0, each part timed into `split`: the process group, the (emulated) device, the model
+    under zero.Init, the engine and the arm's compile set-up; and the facts of the start for worker.json."""
     import deepspeed
 
     cuda = torch.cuda.is_available()
@@ -174,7 +202,6 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     split.mark("process_group_s")
     rank, world = dist.get_rank(), dist.get_world_size()
     logs.setup(config.launcher.log_level, rank)
-    train = config.train
     # Before anything is allocated: the whole run sees the emulated device, phase 0 included.
     monitor = MemoryMonitor(device, emulated_device.apply(config.env, device, physical_total_bytes(device)))
     outside = monitor.used_outside_torch_bytes()
@@ -188,7 +215,7 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     ds_config = arm.deepspeed_config(config, cuda)
     # transformers builds from the model section as written: a key it leaves out stays transformers' default.
     make_model = models.model_factory(config.written["model"])
-    torch.manual_seed(train.seed)
+    torch.manual_seed(config.train.seed)
     with deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = make_model()
     split.mark("model_s")
@@ -203,7 +230,7 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     split.mark("engine_s")
 
     host = HostMemoryMonitor(monitor.cuda)
-    flops_per_token = models.flops_per_token(config.model.config, n_params, train.seq_len)
+    flops_per_token = models.flops_per_token(config.model.config, n_params, config.train.seq_len)
     facts = {"world_size": world, "hostnames": sorted(set(gather_from_ranks(socket.gethostname()))),
              "budget_bytes": budget, "device_total_bytes": monitor.device_total_bytes(),
              "physical_device_total_bytes": physical_total_bytes(device),
@@ -212,21 +239,26 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
              "phase_starts": starts, "n_params": n_params,
              "flops_per_token": flops_per_token, "planned_offload_bytes": None, "predicted_peak_bytes": None,
              "used_outside_torch_bytes_at_start": outside, "startup_s": seconds_since_process_start(), **host.at_start}
-    writer = StepWriter(run_dir) if rank == 0 else None
-    if rank == 0:
-        write_json(run_dir / runfiles.WORKER, facts)
+    return Built(device, rank, world, monitor, host, engine, starts, facts, cache)
 
-    generator = torch.Generator().manual_seed(train.seed * 1000 + rank)
+
+def step_loop(config: schema.Config, run_dir: Path, position: Position, built: Built,
+              split: WallSplit) -> dict[str, Any]:
+    """Every optimizer step of the run (the protocol's counts), one steps.jsonl row each from rank 0; returns the
+    machine readings around the measured steps (a collective, so every rank calls it)."""
+    train, arm, device, monitor = config.train, config.arm, built.device, built.monitor
+    writer = StepWriter(run_dir) if built.rank == 0 else None
+    generator = torch.Generator().manual_seed(train.seed * 1000 + built.rank)
     counters = ArmCounters(arm.offload_counter_reader())
-    counts = protocol.step_counts(train, starts)
+    counts = protocol.step_counts(train, built.starts)
     watch = MachineWatch(device, counts)
-    tokens = train.micro_batch * train.seq_len * train.grad_accum * world
+    tokens = train.micro_batch * train.seq_len * train.grad_accum * built.world
     vocab = config.model.config.vocab_size
-    diagnostics = StepDiagnostics(config.debug, rank, monitor.cuda)
+    diagnostics = StepDiagnostics(config.debug, built.rank, monitor.cuda)
     for step in range(counts.total):
-        phase, phase_step = phase_of(step, starts)
+        phase, phase_step = phase_of(step, built.starts)
         position.step, position.phase = step, phase
-        inject_fault(config.debug, step, rank)
+        inject_fault(config.debug, step, built.rank)
         if step == counts.final_start:
             cap_reserved_memory(config.env.reserved_cap_gb, monitor)
         monitor.reset_peaks()
@@ -238,35 +270,32 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
         loss_sum = torch.zeros((), device=device)
         for _ in range(train.grad_accum):
             ids = models.synthetic_batch(generator, train.micro_batch, train.seq_len, vocab, device)
-            loss = engine(input_ids=ids, labels=ids).loss
-            engine.backward(loss)
+            loss = built.engine(input_ids=ids, labels=ids).loss
+            built.engine.backward(loss)
             monitor.end_segment("fwd_bwd")
-            engine.step()
+            built.engine.step()
             monitor.end_segment("opt_step")
             loss_sum += loss.detach().float()
-        slow_down(config.debug, step, rank)
+        slow_down(config.debug, step, built.rank)
         synchronize(device)  # the one sync per step: the time covers all queued device work
         step_time = time.perf_counter() - start
         split.after_step(phase, phase_step, step_time)
         diagnostics.after(step, device, run_dir)
         record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
                                "loss": loss_sum.item() / train.grad_accum, **monitor.step_stats(),
-                               **host.step_stats(), **counters.step_values(), "traced": diagnostics.traces(step)})
+                               **built.host.step_stats(), **counters.step_values(),
+                               "traced": diagnostics.traces(step)})
         record = aggregate_over_ranks(record, device)
         arm.observe_step(record)
-        record.update(throughput(tokens, record["step_time_s"], flops_per_token, world))
+        record.update(throughput(tokens, record["step_time_s"], built.facts["flops_per_token"], built.world))
         if writer is not None:
             writer.write(record)
             progress.info(progress_line(record, counts.total))
-
-    machine_facts = watch.facts()
-    if rank == 0:
-        write_json(run_dir / runfiles.WORKER, {**facts, **arm.plan_facts(), **machine_facts,
-                                               "profile_cache": cache.facts_for_worker() if cache else None,
-                                               "wall_split": split.facts()})
+    facts = watch.facts()
+    if writer is not None:
         writer.close()
-    dist.barrier()
-    logger.info(f"worker: rank {rank} finished {counts.total} steps")
+    logger.info(f"worker: rank {built.rank} finished {counts.total} steps")
+    return facts
 
 
 def seconds_since_process_start() -> float:
