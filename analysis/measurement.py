@@ -148,7 +148,8 @@ def _interval_text(interval: tuple[float, float] | None) -> str:
     return NOT_APPLICABLE if interval is None else f"[{format_number(interval[0])}, {format_number(interval[1])}]"
 
 
-def _context(row: Mapping[str, Any], columns: Sequence[str]) -> tuple:
+def context(row: Mapping[str, Any], columns: Sequence[str]) -> tuple:
+    """A design point's values of `columns` as its labels write them: two points compare where these are equal."""
     return tuple(format_value(row.get(column)) for column in columns)
 
 
@@ -219,7 +220,7 @@ def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame,
         pairs = [(point, base, peer_footing(point[0], base[0]) if role == BenchRole.PEER else None)
                  for point in design_points for base in design_points
                  if point[0]["arm"] in ours and base[0]["arm"] in bases
-                 and _context(point[0], shared) == _context(base[0], shared)]
+                 and context(point[0], shared) == context(base[0], shared)]
         if role == BenchRole.PEER:
             pairs = sorted((pair for pair in pairs if pair[2] is not None
                             and not (points_design.over_budget_note(pair[0][0])
@@ -232,7 +233,7 @@ def _compared(design_points: list[tuple[dict, str, list]], points: pd.DataFrame,
     composed = [point for compose, point in ours_by_compose if compose not in ("none", "null")]
     alone = [point for compose, point in ours_by_compose if compose == "none"]
     yield from ((point, base, None) for point in composed for base in alone
-                if _context(point[0], others) == _context(base[0], others))
+                if context(point[0], others) == context(base[0], others))
 
 
 COMPARISON_COLUMNS = ["point", "against", "ratio", "ci95_low", "ci95_high", "runs", "reads", "retries_per_step",

@@ -6,13 +6,12 @@ then left out of the report (a pair comes from experiments/budget_sweep.yaml's c
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import pandas as pd
 
 from analysis.design import design, format_value
-from analysis.measurement import runs_by_design_point
+from analysis.measurement import context, runs_by_design_point
 from analysis.tables import NOT_APPLICABLE, Table, display_frame
 from harness.contract import stats
 from harness.contract.units import GB
@@ -38,13 +37,9 @@ def reuse_pairs(points: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[tuple, 
         return []
     keys = [key for key in design(points).keys if key != REUSE]
     design_points = runs_by_design_point(points, steps)
-
-    def context(row: Mapping[str, Any]) -> tuple:
-        return tuple(format_value(row.get(key)) for key in keys)
-
     reused = [point for point in design_points if format_value(point[0].get(REUSE)) == "True" and _reused(point[2])]
     cold = [point for point in design_points if format_value(point[0].get(REUSE)) == "False"]
-    return [(point, base) for point in reused for base in cold if context(point[0]) == context(base[0])]
+    return [(point, base) for point in reused for base in cold if context(point[0], keys) == context(base[0], keys)]
 
 
 def _gb_pair(values: Sequence[float | None]) -> str:
