@@ -29,6 +29,7 @@ from analysis.columns import CONFIG_COLUMNS
 from analysis.design import NAMING_COLUMNS, design, format_value
 from analysis.load import combined, sweep_of
 from harness.contract import reader, schema
+from harness.contract.stats import ratio_text
 from harness.contract.budget import recorded_over_budget_bytes
 from harness.arms import BenchRole, known_class
 from harness.contract.checks import is_finite_number, lookup
@@ -260,8 +261,8 @@ def comparison_lines(sweep) -> str:
 
     rows = comparison_table(sweep.points, sweep.steps).values.to_dict("records")
     lines = ["== step time of our pass over the others: ratio [95% interval], n = runs × measured steps"]
-    lines += [f"  {row['point']} / {row['against']}{_footing_text(row)}: {row['ratio']:.3f}× "
-              f"[{row['ci95_low']:.3f}, {row['ci95_high']:.3f}], n = {row['runs']}: {row['reads']}" for row in rows]
+    lines += [f"  {row['point']} / {row['against']}{_footing_text(row)}: "
+              f"{ratio_text(row['ratio'], row['ci95_low'], row['ci95_high'])}, n = {row['runs']}: {row['reads']}" for row in rows]
     return "\n".join(lines if rows else [])
 
 

@@ -110,7 +110,7 @@ def _cells(values: Mapping[str, Any], label: str, ratio: stats.Ratio | None) -> 
              ("", "95% interval"): NOT_APPLICABLE if interval[0] is None
              else f"[{format_number(interval[0])}, {format_number(interval[1])}]",
              ("", "× deepcompile"): NOT_APPLICABLE if ratio is None
-             else f"{ratio.ratio:.3f}× [{ratio.low:.3f}, {ratio.high:.3f}]",
+             else stats.ratio_text(ratio.ratio, ratio.low, ratio.high),
              ("per step", "retries"): format_number(values["retries_per_step"]),
              ("per step", "copy stall (ms)"): _ms(values["copy_stall_s"]),
              ("per run", "empty_cache calls"): format_number(values["empty_cache_calls"])}

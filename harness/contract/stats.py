@@ -86,7 +86,17 @@ class Ratio:
 
     def text(self) -> str:
         """`0.790× [0.760, 0.820], n = 3×20 / 3×20`."""
-        return f"{self.ratio:.3f}× [{self.low:.3f}, {self.high:.3f}], n = {self.sizes}"
+        return f"{ratio_text(self.ratio, self.low, self.high)}, n = {self.sizes}"
+
+
+def interval_text(low: float, high: float) -> str:
+    """`[0.760, 0.820]`: a ratio's interval as every table and console line prints it."""
+    return f"[{low:.3f}, {high:.3f}]"
+
+
+def ratio_text(ratio: float, low: float, high: float) -> str:
+    """`0.790× [0.760, 0.820]`."""
+    return f"{ratio:.3f}× {interval_text(low, high)}"
 
 
 def ratio_interval(runs_a: Sequence[Sequence[float]], runs_b: Sequence[Sequence[float]],
