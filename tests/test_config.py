@@ -53,6 +53,19 @@ def test_every_experiment_composes_with_its_sweep(experiment):
             compose_config([f"experiments={experiment}", f"{key}={value}"])
 
 
+def test_retry_split_rows_set_the_allocator_and_the_default_row_is_the_default():
+    """Each retry_split row changes only the ranks' PYTORCH_CUDA_ALLOC_CONF, and its `default` row is conf's."""
+    default = compose_config([]).env.pytorch_cuda_alloc_conf
+    confs = {}
+    for row in options(REPO_ROOT / "experiments" / "retry_split_rows"):
+        cfg = compose_config(["experiments=retry_split", f"+experiments/retry_split_rows={row}"])
+        validate(OmegaConf.to_container(cfg, resolve=True), gpu_count=1)
+        assert cfg.arm.name == "offload" and cfg.train.sub_group_size == 100_000_000
+        confs[row] = cfg.env.pytorch_cuda_alloc_conf
+    assert confs.pop("default") == default
+    assert len(set(confs.values())) == len(confs) and default not in confs.values()
+
+
 @pytest.mark.parametrize("row", options(REPO_ROOT / "experiments" / "pr8186_rows"))
 def test_pr8186_rows_select_their_arm(row):
     cfg = compose_config(["experiments=pr8186_table", f"+experiments/pr8186_rows={row}"])

@@ -367,6 +367,24 @@ def test_ordered_release_retries_more_and_the_recorded_runs_retries_are_our_defe
     assert len(readings) == 2 and all(found and set(found) == {"deferred"} for found in readings.values()), readings
 
 
+@pytest.mark.skipif(not (RESULTS / "retry_reclaim").exists(), reason="no retry_reclaim results committed")
+def test_reclaimed_release_retries_on_more_steps_and_every_traced_retry_is_the_reload_in_a_fragmented_pool():
+    """results/retry_reclaim/README.md: at sub-groups of 1e8 reclaimed release retried on every measured step and on
+    more than recorded release, ran slower, and every traced retry of both runs was fragmentation at our reload."""
+    retried, medians, readings = {}, {}, []
+    for config, _, steps in campaign_points("retry_reclaim"):
+        release = config["offload"]["release"]
+        retried[release], medians[release] = final_phase_retries(steps), median_step(steps)
+    for trace_file in (RESULTS / "retry_reclaim" / "sweep").glob("*/memory_trace.json"):
+        retries = json.loads(trace_file.read_text())["retries"]
+        readings += [(retry["reading"], retry["missed"]["where"].split(" < ")[-1]) for retry in retries]
+    assert sorted(retried) == ["reclaimed", "recorded"]
+    assert retried["reclaimed"][0] == retried["reclaimed"][1] > retried["recorded"][0] > 0, retried
+    assert medians["reclaimed"] > medians["recorded"], medians
+    assert len(readings) == 5 and {reading for reading, _ in readings} == {"fragmentation"}, readings
+    assert all(site.endswith("reload") for _, site in readings), readings
+
+
 @pytest.mark.skipif(not (RESULTS / "budget_sweep").exists(), reason="no budget_sweep results committed")
 def test_the_budget_sweep_kept_or_flagged_every_budget_and_ours_ran_faster_where_theirs_moved():
     """results/budget_sweep/README.md: our predicted peak is the measured one at every budget; a point above its
