@@ -262,7 +262,8 @@ def comparison_lines(sweep) -> str:
     rows = comparison_table(sweep.points, sweep.steps).values.to_dict("records")
     lines = ["== step time of our pass over the others: ratio [95% interval], n = runs × measured steps"]
     lines += [f"  {row['point']} / {row['against']}{_footing_text(row)}: "
-              f"{ratio_text(row['ratio'], row['ci95_low'], row['ci95_high'])}, n = {row['runs']}: {row['reads']}" for row in rows]
+              f"{ratio_text(row['ratio'], row['ci95_low'], row['ci95_high'])}, n = {row['runs']}: {row['reads']}"
+              for row in rows]
     return "\n".join(lines if rows else [])
 
 

@@ -76,8 +76,9 @@ def step_time_by_arm(points: pd.DataFrame, steps: pd.DataFrame) -> Plot:
         ax.set_ylabel("step time (s), final phase")
         ax.grid(axis="x", visible=False)
         ratios = comparison_table(points, steps).values
-        title = [f"{row['point']} / {row['against']}: {stats.ratio_text(row['ratio'], row['ci95_low'], row['ci95_high'])}, "
-                 f"{row['reads']}" for row in ratios.to_dict("records")]
+        title = [f"{row['point']} / {row['against']}: "
+                 f"{stats.ratio_text(row['ratio'], row['ci95_low'], row['ci95_high'])}, {row['reads']}"
+                 for row in ratios.to_dict("records")]
         ax.set_title("\n".join([_context_line(points), *title]))
         if not ok.empty:
             key = [Line2D([], [], color="black", marker="o", markersize=4, linestyle="none"),

@@ -262,7 +262,9 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     both = any(footing == EACH_DEFAULT for footing in footings) and len(footings) > 1
     columns = ["point", "against", *([FOOTING] if both else []), *COMPARISON_COLUMNS[2:]]
     lines = [{("", "point"): row["point"], ("", "against"): row["against"], ("", FOOTING): row[FOOTING] or NOT_APPLICABLE,
-              ("", "ratio"): f"{row['ratio']:.3f}×", ("", "95% interval"): stats.interval_text(row['ci95_low'], row['ci95_high']), ("", "runs × steps"): row["runs"], ("", "reads"): row["reads"],
+              ("", "ratio"): f"{row['ratio']:.3f}×",
+              ("", "95% interval"): stats.interval_text(row["ci95_low"], row["ci95_high"]),
+              ("", "runs × steps"): row["runs"], ("", "reads"): row["reads"],
               ("", RETRIES_SHOWN): " / ".join(_per_step(row[key]) for key in ("retries_per_step",
                                                                              "against_retries_per_step"))}
              for row in rows]

@@ -72,7 +72,8 @@ def reuse_check_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                       ("", "offloaded (GB)"): _gb_pair(plan["planned_offload_bytes"]),
                       ("", "predicted peak (GB)"): _gb_pair(plan["predicted_peak_bytes"]),
                       ("", "step time ratio"): NOT_APPLICABLE if ratio is None else f"{ratio.ratio:.3f}×",
-                      ("", "95% interval"): NOT_APPLICABLE if ratio is None else stats.interval_text(ratio.low, ratio.high),
+                      ("", "95% interval"): NOT_APPLICABLE if ratio is None
+                      else stats.interval_text(ratio.low, ratio.high),
                       ("", "runs × steps"): NOT_APPLICABLE if ratio is None else ratio.sizes,
                       ("", "reads"): _reading(same_plan, ratio)})
     return Table("reuse_check", pd.DataFrame(rows), display_frame(lines),
