@@ -136,7 +136,7 @@ def measurement_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
         rows.append({**values, "step_time_s": estimate, "ci95_low": interval and interval[0],
                      "ci95_high": interval and interval[1], "repeat_spread": spread})
         lines.append({**cells, ("", "s/step"): _step_time_cell(estimate, values),
-                      ("", "95% interval"): _interval_text(interval),
+                      ("", "95% interval"): step_interval_text(interval),
                       ("", "repeats apart"): NOT_APPLICABLE if spread is None else f"{spread:.1%}",
                       ("", "flags"): _flags(group, runs, spread)})
     return Table("measurement", pd.DataFrame(rows), display_frame(lines),
@@ -144,7 +144,8 @@ def measurement_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
                          "with a 95% bootstrap interval (runs, then steps within each run).")
 
 
-def _interval_text(interval: tuple[float, float] | None) -> str:
+def step_interval_text(interval: tuple[float, float] | None) -> str:
+    """`[0.07614, 0.0788]`: a step time's interval in seconds as the tables print it ('-' where there is none)."""
     return NOT_APPLICABLE if interval is None else f"[{format_number(interval[0])}, {format_number(interval[1])}]"
 
 

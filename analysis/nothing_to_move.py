@@ -16,7 +16,7 @@ import pandas as pd
 
 from analysis.columns import PROFILED_COLUMNS
 from analysis.design import design, format_value, is_missing
-from analysis.measurement import steps_by_design_point
+from analysis.measurement import step_interval_text, steps_by_design_point
 from analysis.tables import NOT_APPLICABLE, WORKLOAD_COLUMNS, Table, display_frame, format_number
 from analysis.wall_split import COMPILE_COLUMNS
 from harness.arms import BenchRole, arm_names
@@ -103,12 +103,11 @@ def _device_cell(size: Any) -> str:
 
 
 def _cells(values: Mapping[str, Any], label: str, ratio: stats.Ratio | None) -> dict[tuple[str, str], str]:
-    interval = (values["ci95_low"], values["ci95_high"])
+    interval = None if values["ci95_low"] is None else (values["ci95_low"], values["ci95_high"])
     cells = {("", "arm"): label, ("", "device"): _device_cell(values[DEVICE]),
              ("", "runs"): f"{values['n_ok']}/{values['n_runs']} ok",
              ("", "s/step"): format_number(values["step_time_s"]),
-             ("", "95% interval"): NOT_APPLICABLE if interval[0] is None
-             else f"[{format_number(interval[0])}, {format_number(interval[1])}]",
+             ("", "95% interval"): step_interval_text(interval),
              ("", "× deepcompile"): NOT_APPLICABLE if ratio is None
              else stats.ratio_text(ratio.ratio, ratio.low, ratio.high),
              ("per step", "retries"): format_number(values["retries_per_step"]),
