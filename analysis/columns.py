@@ -36,7 +36,8 @@ OOM_COLUMNS = tuple(f"oom_{field}" for field in OOM_FIELDS)
 PLAN_COLUMNS = ("plan_rule", "plan_budget_bytes")  # plan.json's (harness.reader.PlanFacts)
 OVER_BUDGET = "over_budget_bytes"  # summary.json's, or worked out for a summary from before it (contract.budget)
 # memory_trace.json's retries of the traced step (harness/contract/retry_trace.py): in all, listed, per reading
-TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS = "traced_retries", "traced_retries_listed", "traced_largest_miss_bytes"
+TRACED_RETRIES, TRACED_LISTED = "traced_retries", "traced_retries_listed"
+TRACED_LARGEST_MISS = "traced_largest_miss_bytes"
 TRACED_FREE_AT_MISS = "traced_free_at_largest_miss_bytes"  # the largest free block its stream had then
 TRACED_READING_COLUMNS = {reading: f"traced_{reading}" for reading in RETRY_READINGS}
 TRACE_COLUMNS = (TRACED_RETRIES, TRACED_LISTED, TRACED_LARGEST_MISS, TRACED_FREE_AT_MISS,

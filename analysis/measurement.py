@@ -5,8 +5,9 @@ with a 95% bootstrap interval, the spread between repeats, and what makes it sus
 unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload, each at its own
 default budget or both at one (peer_footing), over DeepCompile without offload at one workload, and composed with
 DeepCompile's speed passes over alone, as a ratio of those medians with a two-level bootstrap interval
-(harness/contract/stats.py); an interval that holds 1 reads "no difference". `retry_table`: what the allocator's retries cost per design point, the slope of step time on retries
-per step. Where the device time went is analysis/wall_time.py's.
+(harness/contract/stats.py); an interval that holds 1 reads "no difference". `retry_table`: what the allocator's
+retries cost per design point, the slope of step time on retries per step. Where the device time went is
+analysis/wall_time.py's.
 """
 from __future__ import annotations
 
@@ -262,7 +263,8 @@ def comparison_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     footings = {row[FOOTING] for row in rows if row[FOOTING] is not None}
     both = any(footing == EACH_DEFAULT for footing in footings) and len(footings) > 1
     columns = ["point", "against", *([FOOTING] if both else []), *COMPARISON_COLUMNS[2:]]
-    lines = [{("", "point"): row["point"], ("", "against"): row["against"], ("", FOOTING): row[FOOTING] or NOT_APPLICABLE,
+    lines = [{("", "point"): row["point"], ("", "against"): row["against"],
+              ("", FOOTING): row[FOOTING] or NOT_APPLICABLE,
               ("", "ratio"): f"{row['ratio']:.3f}×",
               ("", "95% interval"): stats.interval_text(row["ci95_low"], row["ci95_high"]),
               ("", "runs × steps"): row["runs"], ("", "reads"): row["reads"],

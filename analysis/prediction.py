@@ -110,10 +110,10 @@ def out_of_sample_table(points: pd.DataFrame, pairs: Sequence[Mapping[str, Any]]
     lines = [_pair_line(row, over.get(row["point"])) for row in values.to_dict("records")]
     return Table("out_of_sample", values, display_frame(lines, [("", name) for name in OUT_OF_SAMPLE_COLUMNS]),
                  caption="Each point of our pass planned again from another run's profile.json (harness plan "
-                         "--out-of-sample): that run's calibration, allocator overhead and graphs, this point's budget, "
-                         "rule, policies and device. 'as it ran': whether the point's own plan offloaded as much (the "
-                         "planner may have changed since). Error: (predicted - measured) / measured final-phase peak "
-                         "allocated, after its compile step.")
+                         "--out-of-sample): that run's calibration, allocator overhead and graphs, this point's "
+                         "budget, rule, policies and device. 'as it ran': whether the point's own plan offloaded as "
+                         "much (the planner may have changed since). Error: (predicted - measured) / measured "
+                         "final-phase peak allocated, after its compile step.")
 
 
 def _pair_line(row: Mapping[str, Any], over_budget: float | None) -> dict[tuple[str, str], str]:
