@@ -368,21 +368,46 @@ def test_ordered_release_retries_more_and_the_recorded_runs_retries_are_our_defe
 
 
 @pytest.mark.skipif(not (RESULTS / "retry_reclaim").exists(), reason="no retry_reclaim results committed")
-def test_reclaimed_release_retries_on_more_steps_and_every_traced_retry_is_the_reload_in_a_fragmented_pool():
-    """results/retry_reclaim/README.md: at sub-groups of 1e8 reclaimed release retried on every measured step and on
-    more than recorded release, ran slower, and every traced retry of both runs was fragmentation at our reload."""
-    retried, medians, readings = {}, {}, []
+def test_reclaimed_release_retries_on_more_steps_and_every_traced_retry_at_1e8_is_the_reload_in_a_fragmented_pool():
+    """results/retry_reclaim/README.md: at sub-groups of 1e8 and of 2.5e7 reclaimed release retried on more steps
+    than recorded release and ran slower; at 1e8 it retried on every measured step, and every traced retry of both
+    runs was fragmentation at our reload; at 2.5e7 recorded release's one traced retry was a deferred free."""
+    retried, medians, readings = {}, {}, {}
     for config, _, steps in campaign_points("retry_reclaim"):
-        release = config["offload"]["release"]
-        retried[release], medians[release] = final_phase_retries(steps), median_step(steps)
+        point = (config["train"]["sub_group_size"], config["offload"]["release"])
+        retried[point], medians[point] = final_phase_retries(steps), median_step(steps)
     for trace_file in (RESULTS / "retry_reclaim" / "sweep").glob("*/memory_trace.json"):
+        size = int(trace_file.parent.name.rsplit("sub_group_size=", 1)[1])
         retries = json.loads(trace_file.read_text())["retries"]
-        readings += [(retry["reading"], retry["missed"]["where"].split(" < ")[-1]) for retry in retries]
-    assert sorted(retried) == ["reclaimed", "recorded"]
-    assert retried["reclaimed"][0] == retried["reclaimed"][1] > retried["recorded"][0] > 0, retried
-    assert medians["reclaimed"] > medians["recorded"], medians
-    assert len(readings) == 5 and {reading for reading, _ in readings} == {"fragmentation"}, readings
-    assert all(site.endswith("reload") for _, site in readings), readings
+        readings.setdefault(size, []).extend((retry["reading"], retry["missed"]["where"].split(" < ")[-1])
+                                             for retry in retries)
+    assert sorted(retried) == [(size, release) for size in (25_000_000, 100_000_000)
+                               for release in ("reclaimed", "recorded")]
+    for size in (25_000_000, 100_000_000):
+        assert retried[size, "reclaimed"][0] > retried[size, "recorded"][0] > 0, retried
+        assert medians[size, "reclaimed"] > medians[size, "recorded"], medians
+    assert retried[100_000_000, "reclaimed"][0] == retried[100_000_000, "reclaimed"][1], retried
+    assert len(readings[100_000_000]) == 5 and {reading for reading, _ in readings[100_000_000]} == {"fragmentation"}
+    assert all(site.endswith("reload") for _, site in readings[100_000_000]), readings
+    assert [reading for reading, _ in readings[25_000_000]] == ["deferred"], readings
+
+
+@pytest.mark.skipif(not (RESULTS / "retry_split" / "sweep").exists(), reason="no retry_split results committed")
+def test_no_allocator_setting_of_retry_split_retries_on_fewer_steps_than_the_default():
+    """results/retry_split/README.md: with a split limit, or classic segments, our pass retried on every measured
+    step against the default's fewer; the split limit ran slower than the default, and each of its traced retries
+    was fragmentation."""
+    retried, medians = {}, {}
+    for config, _, steps in campaign_points("retry_split"):
+        setting = config["env"]["pytorch_cuda_alloc_conf"]
+        retried[setting], medians[setting] = final_phase_retries(steps), median_step(steps)
+    default, split = "expandable_segments:True", "expandable_segments:True,max_split_size_mb:400"
+    assert sorted(retried) == ["expandable_segments:False", default, split], retried
+    for setting in ("expandable_segments:False", split):
+        assert retried[setting][0] == retried[setting][1] > retried[default][0] > 0, retried
+    assert medians[split] > medians[default], medians
+    trace = next((RESULTS / "retry_split" / "sweep").glob("*=split400/memory_trace.json"))
+    assert {retry["reading"] for retry in json.loads(trace.read_text())["retries"]} == {"fragmentation"}
 
 
 @pytest.mark.skipif(not (RESULTS / "budget_sweep").exists(), reason="no budget_sweep results committed")
