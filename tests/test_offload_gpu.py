@@ -3,6 +3,7 @@
     pytest -m gpu tests/test_offload_gpu.py -k partial      # baseline + ours at a partial budget + ds_offload
     pytest -m gpu tests/test_offload_gpu.py -k "forced or warm or blocking"
     pytest -m gpu tests/test_offload_gpu.py -k "ordered or reclaimed"  # release at the planner's sites (~5 min)
+    pytest -m gpu tests/test_offload_gpu.py -k after_update        # offload.launch=after_update (~2.5 min)
     pytest -m gpu tests/test_offload_gpu.py -k race                # copy delays on wide_2l (~1.5 min per run)
     pytest -m gpu tests/test_offload_gpu.py -k accumulation        # gradient accumulation 4: 3 runs, ~8 min
     pytest -m gpu tests/test_offload_gpu.py -k compose             # composed with prefetch + selective gather at 12 GB,
@@ -215,6 +216,18 @@ def test_reclaimed_release_matches_deepcompile_losses(runs_dir, baseline):
     for row in steady_rows(run_dir):
         assert row["offload_launches"] == row["reloads"] == len(plan["offloaded"]), row
         assert row["reclaim_wait_s"] is not None and row["reclaim_wait_s"] >= 0, row
+    assert_same_losses(run_dir, baseline)
+
+
+def test_launch_after_update_matches_deepcompile_losses(runs_dir, baseline):
+    """launch=after_update at the partial budget: each planned state leaves right after its sub-group's update,
+    once a step, and the forward's launch op finds it out already; the losses are deepcompile's."""
+    run_dir = run_point(runs_dir, "offload_after_update", ["arm=offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}",
+                                                           BY_DEEPSPEED, "offload.launch=after_update"])
+    plan = assert_plan_ran(run_dir)
+    assert 0 < plan["offloaded_bytes"] < plan["total_state_bytes"], plan["offloaded_bytes"]
+    for row in steady_rows(run_dir):
+        assert row["offload_cycles"] == 1 and row["offload_launches"] == row["reloads"] == len(plan["offloaded"]), row
     assert_same_losses(run_dir, baseline)
 
 

@@ -21,11 +21,11 @@ ops.register_ops()
 
 
 def make_runtime(optimizer, mode="async", empty_cache="never", streams="split", profiling=lambda: False,
-                 hold=False, micro_batches=WholeSteps(), copy_delay_us=0, reclaim=False):
+                 hold=False, micro_batches=WholeSteps(), copy_delay_us=0, reclaim=False, launch_after_update=False):
     device = FakeDevice()
     mover = StateMover(device, split_streams=streams == "split", hold=hold, copy_delay_us=copy_delay_us)
     runtime = OffloadRuntime(mover, mode, EmptyCachePolicy(empty_cache, device.empty_cache), profiling, micro_batches,
-                             reclaim_at_sites=reclaim)
+                             reclaim_at_sites=reclaim, launch_after_update=launch_after_update)
     runtime.adopt(discover_tasks(optimizer))
     return runtime, device
 
@@ -532,6 +532,43 @@ def test_with_accumulation_empty_cache_per_step_empties_once_per_optimizer_step(
     assert device.empty_cache_calls == 2
 
 
+def test_launch_after_update_sends_the_planned_states_out_as_soon_as_their_sub_group_is_updated(bound):
+    """offload.launch=after_update: the first step after the plan sends the planned states out at its launch op
+    (they are on the device then); from then on each sub-group's go out right after its update, so the launch op
+    finds them out and starts nothing; the values survive, and each step counts one offload cycle once steady."""
+    optimizer, runtime, device, engine = accumulating(bound, accumulation=1, launch_after_update=True)
+    plan_all(runtime, list(SUB_GROUP_1))
+    before = optimizer.snapshot()
+    seen = []
+    counted = counted_over(lambda: seen.extend(run_micro_batches(optimizer, runtime, device, engine, 3)))
+    assert per_step(seen, "out") == [6, 3, 3] and per_step(seen, "in") == [3, 3, 3]
+    assert per_step(seen, "on_host_in_forward") == [sorted(SUB_GROUP_1)] * 3
+    assert sorted(task_id for task_id, slot in runtime.slots.items() if slot.on_host) == sorted(SUB_GROUP_1)
+    assert counted["offload_cycles"] == 4 and counted["offload_launches"] == 12 and counted["reloads"] == 9
+    assert runtime.fallback_reloads == 0
+    assert all(torch.equal(a + 1 + 1 + 1, b) for a, b in zip(before, optimizer.snapshot()) if a.numel() > 1)
+
+
+def test_launch_after_update_with_accumulation_sends_the_states_out_once_per_optimizer_step(bound):
+    optimizer, runtime, device, engine = accumulating(bound, accumulation=4, launch_after_update=True)
+    plan_all(runtime, list(SUB_GROUP_1))
+    seen = run_micro_batches(optimizer, runtime, device, engine, 8)
+    assert per_step(seen, "out") == [3, 0, 0, 3, 0, 0, 0, 3] and per_step(seen, "in") == [0, 0, 0, 3] * 2
+    assert per_step(seen, "on_host_in_forward") == [sorted(SUB_GROUP_1)] * 8
+
+
+def test_launch_after_update_with_ordered_release_holds_the_blocks_until_their_site(bound):
+    optimizer, runtime, device, engine = accumulating(bound, accumulation=1, hold=True, launch_after_update=True)
+    runtime.begin_phase()
+    runtime.finalize_plan(list(SUB_GROUP_1), {"0:mm0": ("1:fp32", "1:exp_avg")})  # 1:exp_avg_sq stays held
+    run_micro_batches(optimizer, runtime, device, engine, 2, release_sites=["0:mm0"])
+    held = sorted(task_id for task_id, slot in runtime.slots.items() if slot.held is not None)
+    assert held == sorted(SUB_GROUP_1)  # out after the update, blocks kept for the next forward's site
+    call(ops.LAUNCH, tuple(runtime.slots))
+    ops.op(ops.RELEASE)(torch.zeros(1), ops.REGISTRY.add(ops.RELEASE, site="0:mm0"))
+    assert [task_id for task_id, slot in runtime.slots.items() if slot.held is not None] == ["1:exp_avg_sq"]
+
+
 def test_engine_micro_batches_follow_the_engines_accumulation_bookkeeping():
     engine = FakeAccumulatingEngine(3)
     micro_batches = EngineMicroBatches(engine)
@@ -551,7 +588,7 @@ DS_OK = {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}, "g
 OFFLOAD_OK = {"budget_gb": None, "budget_fraction": None, "margin": 0.2, "mode": "async",
               "empty_cache": "once_per_phase", "streams": "split", "reload": "asap", "release": "recorded",
               "evict_from": "planning_step", "auto_rule": "margin", "budget_rule": "deepspeed", "peak_cap_gb": None,
-              "compose": "none", "if_infeasible": "run"}
+              "compose": "none", "if_infeasible": "run", "launch": "forward"}
 
 
 def with_change(base: dict, path: str, value):
@@ -594,7 +631,8 @@ def test_check_config_accepts_gradient_accumulation_with_every_mode_and_release(
 
 @pytest.mark.parametrize("key, value", [("mode", "sync"), ("empty_cache", "always"), ("streams", "dual"),
                                         ("reload", "late"), ("margin", 1.5), ("budget_gb", -1.0),
-                                        ("release", "eager"), ("peak_cap_gb", -2), ("peak_cap_gb", "12")])
+                                        ("release", "eager"), ("peak_cap_gb", -2), ("peak_cap_gb", "12"),
+                                        ("launch", "early")])
 def test_check_config_refuses_bad_knobs(key, value):
     with pytest.raises(ConfigError) as error:
         check_config(DS_OK, {**OFFLOAD_OK, key: value})
@@ -606,6 +644,12 @@ def test_check_config_refuses_release_at_sites_in_blocking_mode(release):
     with pytest.raises(ConfigError) as error:
         check_config(DS_OK, {**OFFLOAD_OK, "mode": "blocking", "release": release})
     assert error.value.key == "offload.release" and release in str(error.value)
+
+
+def test_check_config_refuses_launch_after_update_in_blocking_mode():
+    with pytest.raises(ConfigError) as error:
+        check_config(DS_OK, {**OFFLOAD_OK, "mode": "blocking", "launch": "after_update"})
+    assert error.value.key == "offload.launch" and "mode=async" in str(error.value)
 
 
 def test_check_config_names_a_missing_knob():
@@ -621,14 +665,16 @@ def test_check_config_names_a_missing_knob():
 
 def _zero3_losses(steps: int, offload_from_step: int | None,
                   release_sites: dict[str, tuple[str, ...]] | None = None,
-                  evict_from_start: bool = False, accumulation: int = 1) -> tuple[list[float], dict]:
+                  evict_from_start: bool = False, accumulation: int = 1,
+                  launch_after_update: bool = False) -> tuple[list[float], dict]:
     """Train a small model with DeepSpeed ZeRO-3 (CPU, world size 1). With offload_from_step, drive the runtime
     as the compiled graphs would from that step on: evict, then per micro-batch launch -> forward -> backward ->
     reloads -> end of backward -> engine.step() (gated per sub-group where the optimizer steps). The runtime reads
     each micro-batch's place in the accumulation from the engine, as install() sets it up; `accumulation`
     micro-batches make one optimizer step. With release_sites, the mover holds the offloaded blocks
     (release=ordered) and each site's release op runs right after the launch. With evict_from_start, every state
-    leaves the device before step 0 (offload.evict_from=start) and the steps before the plan cycle them.
+    leaves the device before step 0 (offload.evict_from=start) and the steps before the plan cycle them. With
+    launch_after_update, the planned states go out after their sub-group's update (offload.launch=after_update).
     Returns every micro-batch's loss and what the runtime did."""
     import deepspeed
 
@@ -640,7 +686,8 @@ def _zero3_losses(steps: int, offload_from_step: int | None,
     engine, *_ = deepspeed.initialize(config=cfg, model=model, model_parameters=model.parameters())
     device = FakeDevice()
     runtime = OffloadRuntime(StateMover(device, hold=release_sites is not None), "async",
-                             EmptyCachePolicy("never", device.empty_cache), micro_batches=EngineMicroBatches(engine))
+                             EmptyCachePolicy("never", device.empty_cache), micro_batches=EngineMicroBatches(engine),
+                             launch_after_update=launch_after_update)
     SubGroupGate(engine.optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()
     runtime.gated = True
     ops.bind_runtime(runtime)
@@ -745,6 +792,21 @@ def test_zero3_with_accumulation_moves_the_states_once_per_optimizer_step(monkey
     # only the compile step's resident sub-group 0 comes back outside them
     assert seen["reloads"] == 3 + 2 * copied_back and seen["offload_cycles"] == 2
     assert seen["runtime"].fallback_reloads == 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed's CPU path; on a GPU machine the gpu tests cover it")
+def test_zero3_states_sent_out_after_their_update_keep_the_losses(monkeypatch):
+    """offload.launch=after_update on real ZeRO-3: after the plan, sub-group 1's states leave right after its
+    update, and ZeRO-3's own per-sub-group work after the update reads nothing of them it should not; the losses
+    equal a run that never moves a state."""
+    init_deepspeed_on_cpu(monkeypatch)
+    baseline, _ = _zero3_losses(5, offload_from_step=None)
+    offloaded, seen = _zero3_losses(5, offload_from_step=1, launch_after_update=True)
+    assert offloaded == baseline
+    assert seen["on_host_after_step"] == [0, 3, 3, 3, 3]  # out between steps once the plan is armed
+    assert seen["on_host_in_forward"] == [sorted(seen["tasks"])] + [["1:exp_avg", "1:exp_avg_sq", "1:fp32"]] * 3
+    assert seen["runtime"].fallback_reloads == 3  # the compile step's resident sub-group 0, as without it
 
 
 # ---------------------------------------------------------------- install (wiring only; CUDA calls stubbed)

@@ -35,8 +35,8 @@ def check_config(ds_config: dict, offload_cfg: dict) -> None:
     """Raise ConfigError(key, message) for a configuration the offload arm cannot run.
 
     Refused:
-    - bad knob values (offload.mode, .empty_cache, .streams, .reload, .release, the budget keys, .budget_rule,
-      .peak_cap_gb, .compose);
+    - bad knob values (offload.mode, .empty_cache, .streams, .reload, .release, .launch, the budget keys,
+      .budget_rule, .peak_cap_gb, .compose), and release at sites or launch after updates in blocking mode;
     - ZeRO stage other than 3 (the pass moves ZeRO-3's fp32 partitions and optimizer states, per sub-group);
     - ZeRO-Offload of the optimizer (`zero_optimization.offload_optimizer.device` cpu/nvme): the states
       already live on the host and the optimizer runs there;
@@ -166,7 +166,8 @@ def install(engine, offload_cfg: dict, budget_bytes: int, run_dir: str, copy_del
         mode=offload_cfg["mode"],
         cache_policy=EmptyCachePolicy(offload_cfg["empty_cache"], device.empty_cache),
         is_profiling=lambda: get_deepcompile_handle().is_profiling(), micro_batches=EngineMicroBatches(engine),
-        reclaim_at_sites=offload_cfg["release"] == "reclaimed")
+        reclaim_at_sites=offload_cfg["release"] == "reclaimed",
+        launch_after_update=offload_cfg["launch"] == "after_update")
     ops.register_ops()
     ops.bind_runtime(runtime)
     SubGroupGate(optimizer, runtime.before_sub_group_step, runtime.after_sub_group_step).install()

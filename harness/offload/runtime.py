@@ -1,6 +1,9 @@
 """What the ops do when they run: the policy layer between the graph ops (ops.py) and the copies (mover.py).
 
-- mode `async`: the launch op offloads the planned states; each reload op brings one back; the end-of-backward op
+- mode `async`: the launch op offloads the planned states (with `launch=after_update`, each sub-group's planned
+  states start out as soon as ZeRO-3 has queued its update instead, a forward earlier, so their copies are done and
+  their blocks free before the forward's requests; the launch op then finds them out, unless a skipped optimizer
+  step left them in); each reload op brings one back; the end-of-backward op
   brings back whatever is still out (at the compile step: the states the plan keeps resident, which the
   capacity-first eviction took out) and, unless the per-sub-group gate is installed, makes the compute stream
   wait for all reloads. With the gate, each ZeRO-3 sub-group's update waits only for its own states.
@@ -58,11 +61,12 @@ class EmptyCachePolicy:
 class OffloadRuntime:
     def __init__(self, mover: StateMover, mode: str, cache_policy: EmptyCachePolicy,
                  is_profiling: Callable[[], bool] = lambda: False, micro_batches: MicroBatches = WholeSteps(),
-                 reclaim_at_sites: bool = False):
+                 reclaim_at_sites: bool = False, launch_after_update: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mover = mover
         self.reclaim_at_sites = reclaim_at_sites  # release=reclaimed: a site waits for its states' copies out
+        self.launch_after_update = launch_after_update  # launch=after_update: out once their sub-group is updated
         self.blocking = mode == "blocking"
         self.cache_policy = cache_policy
         self.is_profiling = is_profiling
@@ -78,6 +82,7 @@ class OffloadRuntime:
         self._warned = False                        # one warning per plan about states found out of place
         self.readings: dict[str, int] = {}          # this step's allocator reading at our ops (a step field of the arm's)
         self.forward_start_bytes: int | None = None  # allocated at the last forward start, before its launch
+        self._cycle_counted = False                 # this optimizer step's offload cycle is counted
 
     # ------------------------------------------------------------------ set-up (compile time)
 
@@ -160,12 +165,17 @@ class OffloadRuntime:
 
     def _launch(self, task_ids: tuple[str, ...]) -> None:
         wanted = task_ids if self.blocking else [task_id for task_id in task_ids if task_id in self.planned]
-        started = self.mover.offload(self.slots[task_id] for task_id in wanted if task_id in self.slots)
-        ops.COUNTERS.offload_cycles += bool(started)
-        ops.COUNTERS.offload_launches += len(started)
-        ops.COUNTERS.offload_bytes += sum(slot.task.nbytes for slot in started)
+        self._count_offloads(self.mover.offload(self.slots[task_id] for task_id in wanted if task_id in self.slots))
         if self.blocking:
             self.mover.synchronize()
+
+    def _count_offloads(self, started: list[TaskSlot]) -> None:
+        """Count copies out; one cycle per optimizer step, whether they start at the launch op or after updates."""
+        if started and not self._cycle_counted:
+            ops.COUNTERS.offload_cycles += 1
+            self._cycle_counted = True
+        ops.COUNTERS.offload_launches += len(started)
+        ops.COUNTERS.offload_bytes += sum(slot.task.nbytes for slot in started)
 
     def _reload(self, task_ids: tuple[str, ...]) -> None:
         for task_id in task_ids:
@@ -175,6 +185,7 @@ class OffloadRuntime:
                 ops.COUNTERS.reload_bytes += slot.task.nbytes
 
     def _end_backward(self) -> None:
+        self._cycle_counted = False  # the states' next trip out is the next optimizer step's
         if self.blocking:
             self._reload(tuple(self.slots))
             self.mover.synchronize()
@@ -200,11 +211,16 @@ class OffloadRuntime:
         self.mover.wait_reloaded(slots)
 
     def after_sub_group_step(self, sub_group: int) -> None:
-        """ZeRO-3 has queued this sub-group's update: before the first plan, its states go back out (their copies
-        wait for the update on the compute stream; the blocks are reusable once the copies are done)."""
+        """ZeRO-3 has queued this sub-group's update: before the first plan, its states go back out; with
+        launch=after_update, its planned states do once a plan is armed (their copies wait for the update on the
+        compute stream; the blocks are reusable once the copies are done, or, held, at their release sites)."""
         if self.out_until_plan:
             self.adopt(self._discover())  # the first update creates the moments
             self.mover.offload([slot for slot in self.slots.values() if slot.task.sub_group == sub_group], hold=False)
+        elif self.launch_after_update and not self.blocking:
+            planned = [slot for slot in self.slots.values()
+                       if slot.task.sub_group == sub_group and slot.task.id in self.planned]
+            self._count_offloads(self.mover.offload(planned))
 
     def _bring_back(self, slots: Iterable[TaskSlot], where: str) -> None:
         restored = [slot for slot in slots if self.mover.reload(slot)]

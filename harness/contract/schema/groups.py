@@ -142,6 +142,10 @@ class OffloadConfig(BudgetConfig):
     # and out again) | planning_step (first evicted at the planning step, as DeepSpeed's pass: phase 0 holds every
     # state, so it needs the most memory).
     evict_from: Annotated[Literal["start", "planning_step"], COLUMN]
+    # When the planned states start out (mode=async): forward (the launch op at the forward's head, as DeepSpeed's
+    # pass) | after_update (each sub-group's as soon as ZeRO-3 has queued its update: the copies overlap the rest of
+    # the optimizer step, and their blocks are free before the forward's first request instead of while it runs).
+    launch: Annotated[Literal["forward", "after_update"], COLUMN]
     # Our pass with neither budget set: device_limit (the least offload whose predicted peak fits the device less
     # the allocator overhead measured on the run and room for the step's largest request) | margin (the auto budget
     # above); DeepSpeed's pass always takes the margin.
@@ -167,6 +171,9 @@ class OffloadConfig(BudgetConfig):
         if cfg["offload"]["release"] != "recorded" and cfg["offload"]["mode"] == "blocking":
             raise ConfigError("offload.release", f"{cfg['offload']['release']} release needs mode=async (blocking "
                               "copies all out and waits)")
+        if cfg["offload"]["launch"] != "forward" and cfg["offload"]["mode"] == "blocking":
+            raise ConfigError("offload.launch", f"launch={cfg['offload']['launch']} needs mode=async (blocking copies "
+                              "all out at the forward's head and waits)")
         if cfg["offload"]["budget_rule"] == "step_model" and cfg["offload"]["peak_cap_gb"] is not None:
             raise ConfigError("offload.peak_cap_gb", "budget_rule=step_model places reloads and releases under the "
                               "peak it plans to fit; a cap applies to budget_rule=deepspeed only")
