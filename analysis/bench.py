@@ -8,10 +8,10 @@ and the largest relative loss difference against a `deepcompile` point like it (
 accumulation, dtype and seed; where none ran, the line says so); for our pass also the copy stall per step and the
 planner's predicted peak against the measured one. Points run on an emulated device (`env.device_memory_gb`) or
 under an allocator ceiling (`env.reserved_cap_gb`) say so in their label, as do the design keys that tell the runs
-of one arm apart, named as the report names them (`offload[train.sub_group_size=25000000]`, `ds_offload[repeat=1]`). Then the comparisons, as
-the report's comparison table has them: our pass over DeepSpeed's (same workload and limits, each pass at its own
-default budget or both at one, the line naming which where the sweep holds both) and over DeepCompile without
-offload, each a ratio of medians over repeats with its 95% two-level bootstrap interval
+of one arm apart, named as the report names them (`offload[train.sub_group_size=25000000]`, `ds_offload[repeat=1]`).
+Then the comparisons, as the report's comparison table has them: our pass over DeepSpeed's (same workload and
+limits, each pass at its own default budget or both at one, the line naming which where the sweep holds both) and
+over DeepCompile without offload, each a ratio of medians over repeats with its 95% two-level bootstrap interval
 (`0.701× [0.673, 0.756], n = 3×30 / 3×30`). Last, the device minutes every run took and the share of them spent in
 measured steps, and what a point that reused the sweep's DeepCompile profiles cost against one that made them.
 """

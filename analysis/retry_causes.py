@@ -62,9 +62,8 @@ def retry_cause_table(points: pd.DataFrame) -> Table:
     return Table("retry_causes", pd.DataFrame(rows), display_frame(lines),
                  caption="The traced steps of each run (debug.memory_trace_step, and as many as "
                          "debug.memory_trace_steps from it; not measured steps), its runs pooled: allocator retries "
-                         "in all, those memory_trace.json lists (at most 20 a trace) and "
-                         "the share of the listed ones each reading explains (one column each): deferred "
-                         "(record_stream frees not yet "
+                         "in all, those memory_trace.json lists (at most 20 a trace) and the share of the listed "
+                         "ones each reading explains (one column each): deferred (record_stream frees not yet "
                          "reusable would have held the request), fragmentation (its own stream's free cache would "
                          "have, in no block large enough), other stream (only all streams' free cache together "
                          "would have), headroom (the live bytes left too little room under the limit). Largest "

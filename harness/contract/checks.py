@@ -86,7 +86,8 @@ class Number:
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a whole number" if self.whole else "a finite number"
         if self.low is not None and self.high is not None:
-            kind += f" in {'(' if self.low_open else '['}{_yaml(self.low)}, {_yaml(self.high)}{')' if self.high_open else ']'}"
+            opening, closing = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            kind += f" in {opening}{_yaml(self.low)}, {_yaml(self.high)}{closing}"
         elif self.low is not None:
             kind += f" {'>' if self.low_open else '>='} {_yaml(self.low)}"
         elif self.high is not None:

@@ -55,7 +55,8 @@ def check_config(ds_config: dict, offload_cfg: dict) -> None:
         raise ConfigError("zero_optimization.offload_optimizer",
                           "ZeRO-Offload keeps the optimizer states on the host already; use arm=zero_offload")
     if _device_of(zero.get("offload_param")) in _ON_HOST:
-        raise ConfigError("zero_optimization.offload_param", "parameter offload cannot be combined with the offload arm")
+        raise ConfigError("zero_optimization.offload_param",
+                          "parameter offload cannot be combined with the offload arm")
     compile_cfg = ds_config.get("compile") or {}
     if not compile_cfg.get("deepcompile"):
         raise ConfigError("compile.deepcompile", "the offload arm runs inside DeepCompile; it must be true")

@@ -113,7 +113,8 @@ class OffloadPass:
         self._steady_step: dict | None = None  # the last steady step's record before the first plan
         self.if_infeasible = if_infeasible  # "refuse": a plan over its budget stops the point (PlanRefused)
         self.compose = compose  # DeepCompile's passes between before_compose and plan (schedule.COMPOSED_PASSES)
-        self._before: dict[tuple[int, bool], tuple[list, bool, int]] = {}  # (graph, bwd) -> records, complete, allocated
+        # (graph, bwd) -> records, complete, allocated
+        self._before: dict[tuple[int, bool], tuple[list, bool, int]] = {}
         self._held = {"prefetch_bytes": 0, "gathered_bytes": 0}  # this phase's, measured across the composed passes
         self.pass_seconds = 0.0  # in evict, before_compose and plan (schedule.register_passes times them)
 
@@ -168,7 +169,9 @@ class OffloadPass:
         gather's buffers were allocated before DeepCompile re-profiled the graph, so they are in its readings too:
         they come off the rise before it counts as prefetch's."""
         before_mem, before_complete, allocated = before
-        gathered = max(0, self.runtime.mover.device.allocated_bytes() - allocated) if "selective_gather" in self.compose else 0
+        gathered = 0
+        if "selective_gather" in self.compose:
+            gathered = max(0, self.runtime.mover.device.allocated_bytes() - allocated)
         self._held["gathered_bytes"] += gathered
         if complete and before_complete and mem and before_mem:
             rise = max(record[3] for record in mem) - max(record[3] for record in before_mem) - gathered

@@ -44,7 +44,8 @@ def _plan_from_args(args: argparse.Namespace, profile: dict, missing: tuple[str,
     sized_as_deepspeed = has_budget and args.budget_rule == "deepspeed"
     expect(sized_as_deepspeed or not missing, "profile",
            f"{args.profile} has no {' or '.join(missing)} (recorded before the step model): the device rule and "
-           "--budget-rule step_model plan by the peak it predicts; plan a budget sized as DeepSpeed's pass (--budget-gb)")
+           "--budget-rule step_model plan by the peak it predicts; plan a budget sized as DeepSpeed's pass "
+           "(--budget-gb)")
     expect(not sized_as_deepspeed or args.device_gb is None, "device_gb",
            "with a budget it applies to --budget-rule step_model only")
     expect(sized_as_deepspeed or args.peak_cap_gb is None, "offload.peak_cap_gb",

@@ -80,7 +80,7 @@ class OffloadRuntime:
         self.fallback_reloads = 0                   # states brought back outside a reload op, cumulative
         self._ends_since_plan: int | None = None    # end-of-backward runs since the plan was made
         self._warned = False                        # one warning per plan about states found out of place
-        self.readings: dict[str, int] = {}          # this step's allocator reading at our ops (a step field of the arm's)
+        self.readings: dict[str, int] = {}          # this step's allocator reading at our ops (an arm step field)
         self.forward_start_bytes: int | None = None  # allocated at the last forward start, before its launch
         self._cycle_counted = False                 # this optimizer step's offload cycle is counted
 
@@ -232,4 +232,5 @@ class OffloadRuntime:
         if self._ends_since_plan and not self._warned:
             self._warned = True
             logger.warning("offload: %d optimizer state(s) were still on the host at the %s and were reloaded "
-                           "outside the graph (warned once per plan): %s", len(restored), where, [slot.task.id for slot in restored])
+                           "outside the graph (warned once per plan): %s", len(restored), where,
+                           [slot.task.id for slot in restored])

@@ -8,8 +8,8 @@ then our planning pass. With `offload.compose`, DeepCompile's prefetch (and sele
 between gather/release and our plan, as DeepCompile's default schedule runs them after gather/release: both read
 the profile gather/release made and DeepCompile re-profiles each graph after them, and our plan, last, sees what
 they hold. Our snapshot pass right before them keeps the profile and the allocator's reading without them
-(graph_pass.OffloadPass.before_compose). DeepCompile recompiles from the captured graph at each entry, so gather/release is
-listed again. Entries name passes by their registered names, which DeepCompile validates against the
+(graph_pass.OffloadPass.before_compose). DeepCompile recompiles from the captured graph at each entry, so
+gather/release is listed again. Entries name passes by their registered names, which DeepCompile validates against the
 contracts before it resolves them to functions.
 """
 from __future__ import annotations

@@ -121,7 +121,8 @@ def _replay_frees(trace: list[dict], stop: int | None = None) -> Iterator[tuple[
 def deferred_frees(trace: list[dict], top: int = TOP_SITES) -> tuple[int, list[dict]]:
     """The most bytes at once that were freed (free_requested) but not yet reusable (free_completed) -- the
     allocator completes a free only once every stream recorded on the block has passed its event -- and the frees
-    pending at that peak grouped by (stream, the code that freed them): whose blocks the pool had to hold. A second replay stops at the peak instead of copying the pending set at every new peak."""
+    pending at that peak grouped by (stream, the code that freed them): whose blocks the pool had to hold. A second
+    replay stops at the peak instead of copying the pending set at every new peak."""
     peak, peak_index = 0, None
     for index, running, _ in _replay_frees(trace):
         if running > peak:
