@@ -652,6 +652,11 @@ def test_check_config_refuses_launch_after_update_in_blocking_mode():
     assert error.value.key == "offload.launch" and "mode=async" in str(error.value)
 
 
+def test_runtime_refuses_launch_after_update_in_blocking_mode():
+    with pytest.raises(ValueError, match="mode async"):
+        make_runtime(FakeZero3Optimizer(), mode="blocking", launch_after_update=True)
+
+
 def test_check_config_names_a_missing_knob():
     knobs = dict(OFFLOAD_OK)
     del knobs["streams"]

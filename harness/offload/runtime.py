@@ -64,6 +64,8 @@ class OffloadRuntime:
                  reclaim_at_sites: bool = False, launch_after_update: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if launch_after_update and mode == "blocking":
+            raise ValueError("launch after updates needs mode async (blocking copies all out at the launch op)")
         self.mover = mover
         self.reclaim_at_sites = reclaim_at_sites  # release=reclaimed: a site waits for its states' copies out
         self.launch_after_update = launch_after_update  # launch=after_update: out once their sub-group is updated
@@ -206,7 +208,7 @@ class OffloadRuntime:
     def before_sub_group_step(self, sub_group: int) -> None:
         """ZeRO-3 is about to update this sub-group: its states must be (on their way) on the device, and the
         compute stream must wait for their copies."""
-        slots = [slot for slot in self.slots.values() if slot.task.sub_group == sub_group]
+        slots = self._sub_group_slots(sub_group)
         self._bring_back(slots, where=f"optimizer step of sub-group {sub_group}")
         self.mover.wait_reloaded(slots)
 
@@ -216,11 +218,13 @@ class OffloadRuntime:
         compute stream; the blocks are reusable once the copies are done, or, held, at their release sites)."""
         if self.out_until_plan:
             self.adopt(self._discover())  # the first update creates the moments
-            self.mover.offload([slot for slot in self.slots.values() if slot.task.sub_group == sub_group], hold=False)
-        elif self.launch_after_update and not self.blocking:
-            planned = [slot for slot in self.slots.values()
-                       if slot.task.sub_group == sub_group and slot.task.id in self.planned]
+            self.mover.offload(self._sub_group_slots(sub_group), hold=False)
+        elif self.launch_after_update:
+            planned = [slot for slot in self._sub_group_slots(sub_group) if slot.task.id in self.planned]
             self._count_offloads(self.mover.offload(planned))
+
+    def _sub_group_slots(self, sub_group: int) -> list[TaskSlot]:
+        return [slot for slot in self.slots.values() if slot.task.sub_group == sub_group]
 
     def _bring_back(self, slots: Iterable[TaskSlot], where: str) -> None:
         restored = [slot for slot in slots if self.mover.reload(slot)]
