@@ -37,6 +37,7 @@ class FakeEvent:
         self.name, self.log, self.timing = name, log, timing
         self.time_ms: float | None = None
         self.recorded = False
+        self.pending = False  # a test holds a recorded event back: the device is not past it yet
 
     def record(self, stream: FakeStream) -> None:
         self.recorded = True
@@ -49,6 +50,10 @@ class FakeEvent:
         assert self.recorded, "synchronize on an event never recorded"
         if not self.timing:  # a host wait on a copy's event (the recorder's own reads stay out of the log)
             self.log.append(("host_wait", self.name))
+
+    def query(self) -> bool:
+        """Whether the device is past the event: once recorded, unless a test holds it back (`pending`)."""
+        return self.recorded and not self.pending
 
     def elapsed_time(self, end: "FakeEvent") -> float:
         assert self.timing and end.timing, "elapsed_time needs timing events"
@@ -64,6 +69,7 @@ class FakeDevice:
         self.compute = FakeStream("compute", self.log, self.clock)
         self._streams = 0
         self._events = 0
+        self.timing_events: list[FakeEvent] = []  # the recorder's, in the order made
         self.pinned_allocations = 0
         self.empty_cache_calls = 0
         self.active_stream = self.compute
@@ -78,7 +84,8 @@ class FakeDevice:
 
     def new_event(self, timing: bool = False) -> FakeEvent:
         if timing:
-            return FakeEvent("timing", self.log, timing=True)
+            self.timing_events.append(FakeEvent("timing", self.log, timing=True))
+            return self.timing_events[-1]
         self._events += 1
         return FakeEvent(f"event{self._events}", self.log)
 

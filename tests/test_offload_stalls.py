@@ -34,6 +34,21 @@ def test_compute_waits_are_timed_between_events_on_the_compute_stream():
     assert recorder.collect()[STALL] == pytest.approx(0.0075)  # cumulative: nothing new, nothing added
 
 
+def test_a_copy_the_device_is_not_past_counts_at_the_collect_that_sees_it_done():
+    """train.step_sync=compute: a copy may run on past its step's end; reading its events then would wait for
+    the device, so the pair stays until a later collect finds it done, and counts once."""
+    device = FakeDevice()
+    recorder = StallRecorder(device)
+    with recorder.copy_on(device.new_stream(), D2H_BUSY):
+        device.sleep_us(40)
+    end = device.timing_events[-1]
+    end.pending = True
+    assert recorder.collect()[D2H_BUSY] == 0
+    end.pending = False
+    assert recorder.collect()[D2H_BUSY] == pytest.approx(40e-6)
+    assert recorder.collect()[D2H_BUSY] == pytest.approx(40e-6)
+
+
 def test_no_stall_when_compute_never_waits():
     device = FakeDevice()
     recorder = StallRecorder(device)

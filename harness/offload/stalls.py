@@ -8,8 +8,10 @@ recorded right before and right after each copy (after the stream's own waits). 
 that wall time is the stall there. Reclaimed release's waits at its sites are host waits with the device still busy
 on the queued forward, so they are kept apart (`reclaim_wait_s`): not a stall unless the device runs dry.
 
-Pairs are kept until `collect()`, which the worker calls after its end-of-step synchronize, so reading the events
-never waits for the device.
+Pairs are kept until `collect()`, which the worker calls after its end-of-step synchronize. A pair whose end the
+device has not reached yet (a copy that runs on past a step synchronized on its compute stream alone,
+`train.step_sync=compute`) stays for a later collect, so reading the events never waits for the device and a copy
+counts in the step where it is seen done.
 """
 from __future__ import annotations
 
@@ -61,9 +63,12 @@ class StallRecorder:
         self.totals[kind] += time.perf_counter() - start
 
     def collect(self) -> dict[str, float]:
-        """Add the recorded pairs to the totals (the device must be past them) and return the totals."""
+        """Add the recorded pairs the device is past to the totals (the others wait for a later collect) and return
+        the totals."""
         pairs, self._pairs = self._pairs, []
         for kind, start, end in pairs:
-            end.synchronize()
+            if not end.query():
+                self._pairs.append((kind, start, end))
+                continue
             self.totals[kind] += start.elapsed_time(end) / 1e3  # ms -> s
         return dict(self.totals)

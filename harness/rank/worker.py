@@ -44,8 +44,13 @@ OOM_EXIT_CODE = 3
 SHARED_DEVICE_WARN_BYTES = 2 * GB  # a CUDA context takes ~0.5 GB; more than this means a neighbour
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
+def synchronize(device: torch.device, what: str = "device") -> None:
+    """Wait for every stream of the device, or (`what="compute"`, train.step_sync) for the compute stream only."""
+    if device.type != "cuda":
+        return
+    if what == "compute":
+        torch.cuda.current_stream(device).synchronize()
+    else:
         torch.cuda.synchronize(device)
 
 
@@ -262,7 +267,7 @@ def step_loop(config: schema.Config, run_dir: Path, position: Position, built: B
         if step == counts.final_start:
             cap_reserved_memory(config.env.reserved_cap_gb, monitor)
         monitor.reset_peaks()
-        synchronize(device)
+        synchronize(device, train.step_sync)
         watch.before(step)
         diagnostics.before(step, device)
         split.before_step(phase_step)
@@ -277,7 +282,7 @@ def step_loop(config: schema.Config, run_dir: Path, position: Position, built: B
             monitor.end_segment("opt_step")
             loss_sum += loss.detach().float()
         slow_down(config.debug, step, built.rank)
-        synchronize(device)  # the one sync per step: the time covers all queued device work
+        synchronize(device, train.step_sync)  # the step's end: all its device work, or its compute stream's
         step_time = time.perf_counter() - start
         split.after_step(phase, phase_step, step_time)
         diagnostics.after(step, device, run_dir)

@@ -88,6 +88,11 @@ class TrainConfig(Group):
     reduce_bucket_size: Annotated[Optional[float], WHOLE_ELEMENTS]
     # null: torch AdamW without CUDA (no fused-Adam build), DeepSpeed's fused Adam with it.
     torch_adam: Optional[bool]
+    # What the host waits for at each step's start and end, so what a step's time covers. device (the protocol's):
+    # every stream, so a step's time covers all the device work it queued. compute: the compute stream only, as a
+    # loop that reads its loss each step waits; copies on other streams may run on into the next step, where the
+    # compute stream waits for them only if it needs their data or memory.
+    step_sync: Annotated[Literal["device", "compute"], COLUMN]
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
