@@ -8,9 +8,10 @@ Chrome trace (torch_trace.json, megabytes) is kept as what the tables read of it
 sweep's index lines come along, so a later archive into the same folder (a campaign run in parts, or repeats folded
 into it) adds its points beside the earlier ones; a point the index does not list (a single run set beside the sweep,
 e.g. a cold run) keeps Hydra's overrides.yaml instead, which is where the reader finds its overrides. A point already
-there is refused, never overwritten. A point with no summary.json (one a call's end killed) holds no result and is
-left out, named on stderr. Every file is read as a run file is (harness/contract/safe_read.py): nothing outside the
-sweep dir, nothing but regular files.
+there is refused, never overwritten. A point with no summary.json (one a call's end killed) or one `sweep.stop_at`
+kept from starting holds no result and is left out, named on stderr: a resumed sweep runs it, archived later.
+Every file is read as a run file is (harness/contract/safe_read.py): nothing outside the sweep dir, nothing but
+regular files.
 
     harness archive multirun/retry_causes/run1 results/retry_causes/sweep
 """
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from harness.contract import reader, runfiles, safe_read
+from harness.contract import reader, runfiles, safe_read, statuses
 from harness.contract.profiled_step import read_profiled_step
 
 KEPT = (runfiles.CONFIG, runfiles.ENV, runfiles.WORKER, runfiles.SUMMARY, runfiles.STEPS, runfiles.PROFILE,
@@ -45,7 +46,7 @@ def archive(sweep_dir: Path, out_dir: Path) -> tuple[list[str], list[str]]:
              if name != "." and (sweep_dir / name).is_dir()]
     if problems:
         raise ArchiveError(problems[0].line())
-    names = [name for name in found if (sweep_dir / name / runfiles.SUMMARY).is_file()]
+    names = [name for name in found if holds_a_result(sweep_dir, name)]
     if not names:
         raise ArchiveError(f"{sweep_dir}: no finished points (run dirs with a summary.json)")
     taken = [name for name in names if (out_dir / name).exists()]
@@ -58,6 +59,18 @@ def archive(sweep_dir: Path, out_dir: Path) -> tuple[list[str], list[str]]:
             (out_dir / name / file_name).write_text(text)
     append_index(sweep_dir, out_dir, names)
     return names, [name for name in found if name not in names]
+
+
+def holds_a_result(sweep_dir: Path, name: str) -> bool:
+    """A point with a summary.json, unless sweep.stop_at kept it from starting: a resumed sweep runs that one, and
+    it could then not be archived beside a skipped copy of itself."""
+    try:
+        summary = safe_read.read_json(sweep_dir / name / runfiles.SUMMARY, sweep_dir)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError) as error:
+        raise ArchiveError(f"{sweep_dir / name / runfiles.SUMMARY}: {error}") from None
+    return not (isinstance(summary, dict) and statuses.never_started(summary))
 
 
 def point_files(sweep_dir: Path, name: str, indexed: bool = True) -> dict[str, str]:
@@ -114,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     for name in unfinished:
-        print(f"left out {args.sweep_dir / name}: no summary.json (unfinished)", file=sys.stderr)
+        print(f"left out {args.sweep_dir / name}: no result (unfinished, or skipped by sweep.stop_at: resume the sweep"
+              f" to run it)", file=sys.stderr)
     print(f"archived {len(names)} point(s) into {args.out_dir}; next: harness report {args.out_dir} "
           f"--out {args.out_dir.parent / 'report'}")
     return 0

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from analysis.columns import PROFILED_COLUMNS
 from analysis.load import load_sweep
 from conftest import REPO_ROOT
 from harness.contract import runfiles
+from harness.driver.stop_at import reason_to_skip
 from harness.contract.profiled_step import NotAProfiledStep, from_record, profiled_step
 from test_nothing_to_move import trace
 
@@ -45,8 +47,14 @@ def test_the_kept_files_come_along_and_the_trace_as_its_sums_which_the_reader_re
     out = tmp_path / "results" / "sweep"
     (sweep / "2_unfinished").mkdir()  # a point its call's end killed: config, no summary
     shutil.copy(sweep / POINTS[0] / runfiles.CONFIG, sweep / "2_unfinished" / runfiles.CONFIG)
-    assert archive(sweep, out) == (list(POINTS), ["2_unfinished"])
-    assert not (out / "2_unfinished").exists()
+    skipped = sweep / "3_skipped"  # one sweep.stop_at kept from starting: a summary, no result
+    skipped.mkdir()
+    shutil.copy(sweep / POINTS[0] / runfiles.CONFIG, skipped / runfiles.CONFIG)
+    reason = reason_to_skip(time.time() + 10, skipped, sweep)
+    (skipped / runfiles.SUMMARY).write_text(json.dumps({"status": "skipped", "reason": reason}))
+    assert archive(sweep, out) == (list(POINTS), ["2_unfinished", "3_skipped"])
+    assert not (out / "2_unfinished").exists() and not (out / "3_skipped").exists()
+    shutil.rmtree(skipped)  # the reader lists a skipped point; the comparison below is of the archived ones
     ours = out / POINTS[0]
     assert {path.name for path in ours.iterdir()} == {*(name for name in KEPT if (sweep / POINTS[0] / name).exists()),
                                                        runfiles.PROFILED_STEP}
