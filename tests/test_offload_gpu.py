@@ -3,7 +3,8 @@
     pytest -m gpu tests/test_offload_gpu.py -k partial      # baseline + ours at a partial budget + ds_offload
     pytest -m gpu tests/test_offload_gpu.py -k "forced or warm or blocking"
     pytest -m gpu tests/test_offload_gpu.py -k "ordered or reclaimed"  # release at the planner's sites (~5 min)
-    pytest -m gpu tests/test_offload_gpu.py -k after_update        # offload.launch=after_update (~2.5 min)
+    pytest -m gpu tests/test_offload_gpu.py -k after_update        # offload.launch=after_update, and with
+                                                                   # train.step_sync=compute (~2.5 min each)
     pytest -m gpu tests/test_offload_gpu.py -k race                # copy delays on wide_2l (~1.5 min per run)
     pytest -m gpu tests/test_offload_gpu.py -k accumulation        # gradient accumulation 4: 3 runs, ~8 min
     pytest -m gpu tests/test_offload_gpu.py -k compose             # composed with prefetch + selective gather at 12 GB,
@@ -228,6 +229,22 @@ def test_launch_after_update_matches_deepcompile_losses(runs_dir, baseline):
     assert 0 < plan["offloaded_bytes"] < plan["total_state_bytes"], plan["offloaded_bytes"]
     for row in steady_rows(run_dir):
         assert row["offload_cycles"] == 1 and row["offload_launches"] == row["reloads"] == len(plan["offloaded"]), row
+    assert_same_losses(run_dir, baseline)
+
+
+def test_compute_step_sync_counts_every_copy_once_and_keeps_the_losses(runs_dir, baseline):
+    """train.step_sync=compute with launch=after_update: the copies out run on past the step's end (the host waits
+    for the compute stream alone), so their timings count a step late, never lost: over the run, as many copies
+    and as much copy time as each step's transfers need; the losses are deepcompile's."""
+    run_dir = run_point(runs_dir, "offload_after_update_compute_sync",
+                        ["arm=offload", f"offload.budget_gb={PARTIAL_BUDGET_GB}", BY_DEEPSPEED,
+                         "offload.launch=after_update", "train.step_sync=compute"])
+    plan = assert_plan_ran(run_dir)
+    rows = steady_rows(run_dir)
+    assert all(row["offload_launches"] == row["reloads"] == len(plan["offloaded"]) for row in rows), rows
+    # every step but the first few has seen some copy out done (the last step's may still be pending)
+    assert sum(row["copy_d2h_busy_s"] > 0 for row in rows) >= len(rows) - 2, rows
+    assert sum(row["copy_d2h_busy_s"] for row in rows) > 0 and sum(row["copy_h2d_busy_s"] for row in rows) > 0
     assert_same_losses(run_dir, baseline)
 
 
