@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from harness.contract import runfiles, safe_read
-from harness.contract.statuses import STOP_AT_REASON
 from harness.contract.checks import is_usable_number
+from harness.contract.statuses import STOP_AT_REASON
 from harness.driver.resume import recorded
 
 
@@ -40,4 +40,3 @@ def reason_to_skip(stop_at: float | None, run_dir: Path, sweep_dir: Path | None,
         return None
     return (f"{STOP_AT_REASON} {max(left, 0):.0f} s left, and a point of this sweep has taken {needed:.0f} s "
             f"(run it again with sweep.resume=true)")
-
