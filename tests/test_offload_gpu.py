@@ -3,8 +3,8 @@
     pytest -m gpu tests/test_offload_gpu.py -k partial      # baseline + ours at a partial budget + ds_offload
     pytest -m gpu tests/test_offload_gpu.py -k "forced or warm or blocking"
     pytest -m gpu tests/test_offload_gpu.py -k "ordered or reclaimed"  # release at the planner's sites (~5 min)
-    pytest -m gpu tests/test_offload_gpu.py -k after_update        # offload.launch=after_update, and with
-                                                                   # train.step_sync=compute (~2.5 min each)
+    pytest -m gpu tests/test_offload_gpu.py -k after_update        # offload.launch=after_update (~2.5 min)
+    pytest -m gpu tests/test_offload_gpu.py -k compute_step_sync   # the same with train.step_sync=compute (~2.5 min)
     pytest -m gpu tests/test_offload_gpu.py -k race                # copy delays on wide_2l (~1.5 min per run)
     pytest -m gpu tests/test_offload_gpu.py -k accumulation        # gradient accumulation 4: 3 runs, ~8 min
     pytest -m gpu tests/test_offload_gpu.py -k compose             # composed with prefetch + selective gather at 12 GB,
