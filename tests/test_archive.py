@@ -14,8 +14,8 @@ from analysis.columns import PROFILED_COLUMNS
 from analysis.load import load_sweep
 from conftest import REPO_ROOT
 from harness.contract import runfiles
-from harness.driver.stop_at import reason_to_skip
 from harness.contract.profiled_step import NotAProfiledStep, from_record, profiled_step
+from harness.driver.stop_at import reason_to_skip
 from test_nothing_to_move import trace
 
 CAPACITY = REPO_ROOT / "results" / "capacity" / "sweep"
