@@ -88,8 +88,8 @@ def uses_device_rule(offload_cfg: dict) -> bool:
 
 def counters() -> dict:
     """Cumulative op counters (ops.Counters: launches, reloads, their bytes, empty_cache calls, cycles), cumulative
-    device seconds (stalls.TIMES: compute waiting on our copies, copy streams busy; call after a device sync), and the
-    last step's allocator reading at our launch op (fwd_start_allocated_bytes)."""
+    device seconds (stalls.TIMES: compute waiting on our copies, copy streams busy; the copies the device is past,
+    the rest at a later call), and the last step's allocator reading at our launch op (fwd_start_allocated_bytes)."""
     from harness.offload import ops  # torch stays out of the driver's config check
     if _installed is None:
         return ops.counters()
