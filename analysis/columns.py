@@ -22,7 +22,8 @@ from harness.contract.retry_trace import RETRY_READINGS, RetryTrace
 CONFIG_COLUMNS = {"model.name": "model", "arm.name": "arm", **schema.config_columns()}
 # Keys added after some committed runs were recorded: what those runs did, which their config cannot name.
 BEFORE_THE_KEY = {"offload.budget_rule": "deepspeed", "train.warmup_steps": 0, "offload.compose": "none",
-                  "offload.if_infeasible": "run", "offload.launch": "forward", "train.step_sync": "device"}
+                  "offload.if_infeasible": "run", "offload.launch": "forward", "train.step_sync": "device",
+                  "train.gc": "auto"}
 # offload.auto_rule has no such constant: before the key, our pass planned without a budget by the device rule for
 # a while (its default then), and by DeepSpeed's margin before that. The plan says which (recorded_auto_rule).
 AUTO_RULE = "offload.auto_rule"

@@ -5,9 +5,8 @@ with a 95% bootstrap interval, the spread between repeats, and what makes it sus
 unsteady run, the machine). `comparison_table`: our pass over DeepSpeed's pass at one workload, each at its own
 default budget or both at one (peer_footing), over DeepCompile without offload at one workload, and composed with
 DeepCompile's speed passes over alone, as a ratio of those medians with a two-level bootstrap interval
-(harness/contract/stats.py); an interval that holds 1 reads "no difference". `retry_table`: what the allocator's
-retries cost per design point, the slope of step time on retries per step. Where the device time went is
-analysis/wall_time.py's.
+(harness/contract/stats.py); an interval that holds 1 reads "no difference". What the allocator's retries cost
+per design point is analysis/retries.py's, where the device time went analysis/wall_time.py's.
 """
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from analysis.design import Design, budget_name, design, format_value, given_budget, is_missing
 from analysis.load import OK
@@ -304,87 +302,8 @@ _FOOTING_CAPTION = (f" {FOOTING}: our pass against DeepSpeed's pass {EACH_DEFAUL
 
 
 RETRIES = "alloc_retries"
-RETRY_VALUES = ("steps", "steps_recorded", "steps_retried", "retries_median", "fewest_retries", "steps_at_fewest",
-                "step_time_s_at_fewest", "step_time_s", "retry_cost_s", "retry_cost_ci95_low", "retry_cost_ci95_high")
-RETRY_COUNTS = ("steps", "steps_recorded", "steps_retried", "steps_at_fewest")
 
 
 def _retries(run: pd.DataFrame) -> list[float]:
     """A run's retries per step, NaN where the step has none recorded (a CPU run, a run before the counter)."""
     return run[RETRIES].astype(float).tolist() if RETRIES in run else [math.nan] * len(run)
-
-
-def retry_cost(retries: pd.Series, times: pd.Series) -> tuple[float, float, float] | None:
-    """Seconds a retry adds to a step with its 95% interval: the Theil-Sen slope of step time on retries per step,
-    which a few slow steps do not drag; None where retries do not vary, so no slope can be told."""
-    if retries.nunique() < 2:
-        return None
-    slope, _, low, high = scipy_stats.theilslopes(times.to_numpy(), retries.to_numpy(), alpha=0.95)
-    return float(slope), float(low), float(high)
-
-
-def retry_values(runs: Sequence[pd.DataFrame]) -> dict[str, float | None]:
-    """RETRY_VALUES over a design point's measured steps, its runs pooled (what a retry costs is a property of the
-    point's steps, not of a run); None where no step was measured, the retry columns None where none recorded one."""
-    times = pd.Series([seconds for run in runs for seconds in _times(run)], dtype=float)
-    retries = pd.Series([count for run in runs for count in _retries(run)], dtype=float)
-    values: dict[str, float | None] = dict.fromkeys(RETRY_VALUES)
-    if times.empty:
-        return values
-    values.update(steps=len(times), step_time_s=float(times.median()))
-    recorded = retries.notna()
-    if not recorded.any():
-        return values
-    retries, times = retries[recorded], times[recorded]
-    fewest = retries == retries.min()
-    cost = retry_cost(retries, times)
-    values.update(steps_recorded=len(retries), steps_retried=int((retries > 0).sum()),
-                  retries_median=float(retries.median()), fewest_retries=float(retries.min()),
-                  steps_at_fewest=int(fewest.sum()), step_time_s_at_fewest=float(times[fewest].median()))
-    if cost is not None:
-        values.update(retry_cost_s=cost[0], retry_cost_ci95_low=cost[1], retry_cost_ci95_high=cost[2])
-    return values
-
-
-def _ms(seconds: float) -> str:
-    return format_number(seconds * 1000)
-
-
-def _retry_cells(values: Mapping[str, Any]) -> dict[tuple[str, str], str]:
-    """The cells that need recorded retries (none, so "-", where no measured step recorded them), and the cost per
-    retry only where retries varied."""
-    if values["steps_recorded"] is None:
-        return {}
-    at_fewest = values["steps_at_fewest"]
-    cells = {("", "retried"): f"{values['steps_retried']}/{values['steps_recorded']}",
-             ("", "retries/step"): format_number(values["retries_median"]),
-             ("", "fewest retries"): f"{format_number(values['fewest_retries'])} "
-                                     f"({at_fewest} step{'' if at_fewest == 1 else 's'})",
-             ("", "s/step at fewest"): format_number(values["step_time_s_at_fewest"])}
-    if values["retry_cost_s"] is not None:
-        cells[("", "ms/retry")] = _ms(values["retry_cost_s"])
-        cells[("", "95% interval")] = f"[{_ms(values['retry_cost_ci95_low'])}, {_ms(values['retry_cost_ci95_high'])}]"
-    return cells
-
-
-RETRY_COLUMNS = [("", name) for name in ("arm", "runs", "measured", "retried", "retries/step", "fewest retries",
-                                         "s/step at fewest", "s/step", "ms/retry", "95% interval")]
-
-
-def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
-    """Per design point: how many of its measured steps the allocator retried on, the median retries per step, step
-    time on the steps with the fewest retries and on all, and what one retry costs (ms, with its 95% interval)."""
-    rows, lines = [], []
-    for row, label, group, runs in steps_by_design_point(points, steps):
-        head, cells = _point_head(row, label, group, runs)
-        values = retry_values(runs)
-        rows.append({**head, **values})
-        lines.append({**cells, ("", "s/step"): _step_time_cell(values["step_time_s"], head), **_retry_cells(values)})
-    values = pd.DataFrame(rows)
-    counts = {name: "Int64" for name in RETRY_COUNTS if name in values}  # whole numbers, also beside a missing one
-    return Table("retries", values.astype(counts), display_frame(lines, RETRY_COLUMNS),
-                 caption="Allocator retries on the final phase's measured steps, the runs of a point pooled (a retry "
-                         "is a device synchronize, a flush of every cached block and a new cudaMalloc). s/step: "
-                         "medians over the steps with the fewest retries and over all. ms/retry: the Theil-Sen "
-                         "slope of step time on retries per step with its 95% interval (scipy.stats.theilslopes); "
-                         "'-' where retries do not vary within the point.")

@@ -14,10 +14,10 @@ import yaml
 
 from analysis import budget_figures, plots, step_figures, throughput_figures
 from analysis.load import load_sweep
-from analysis.measurement import retry_table
+from analysis.memory_tables import memory_table
 from analysis.render import write_table
 from analysis.report import NOTEBOOKS, main
-from analysis.memory_tables import memory_table
+from analysis.retries import retry_table
 from analysis.tables import budget_table, format_number, policies_table, throughput_table
 
 FIXTURE = Path(__file__).resolve().parents[1] / "analysis" / "fixtures" / "sweep"

@@ -9,7 +9,8 @@ import pytest
 
 from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
-from analysis.measurement import measurement_table, retry_table, retry_values
+from analysis.measurement import measurement_table
+from analysis.retries import retry_table, retry_values
 from analysis.render import write_table
 from analysis.tables import format_number
 
@@ -119,3 +120,21 @@ def test_on_the_cpu_fixture_the_rows_are_the_measurement_tables_and_rebuild_byte
     assert [path.name for path in first] == ["retries.md", "retries.tex", "retries.csv", "retries_values.csv"]
     assert [path.read_bytes() for path in first] == [path.read_bytes() for path in again]
     assert first[0].read_text().startswith("*Allocator retries on the final phase's measured steps")
+
+
+def test_where_runs_recorded_the_garbage_collector_its_steps_and_mean_pause_get_columns(tmp_path):
+    """gc_s (train.gc) in the runs: the table adds the measured steps a collection ran in and the mean ms a step
+    spent in it; a point recorded before gc_s shows '-' there."""
+    write_point(tmp_path, 0, arm="zero3", phase_times=((1.0, 0.5, 0.4, 0.6),), step_values={"gc_s": 0.004})
+    write_point(tmp_path, 1, arm="zero3", micro_batch=4, phase_times=((1.0, 0.5, 0.4, 0.6),))
+    sweep = load_sweep(tmp_path)
+    table = retry_table(sweep.points, sweep.steps)
+    gc_cells = table.display[[("", "steps with GC"), ("", "GC ms/step")]].values.tolist()
+    assert gc_cells == [["3/3", "4"], ["-", "-"]]
+    assert table.values["steps_with_gc"].tolist()[:1] == [3]
+
+
+def test_without_a_recorded_garbage_collector_the_table_has_no_gc_columns():
+    sweep = load_sweep(FIXTURE)
+    table = retry_table(sweep.points, sweep.steps)
+    assert ("", "GC ms/step") not in table.display.columns and "gc_s_mean" not in table.values

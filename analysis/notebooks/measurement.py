@@ -26,8 +26,9 @@ out_dir = "report"
 
 # %%
 from analysis import comparison_figures
-from analysis.measurement import comparison_table, measurement_table, retry_table
+from analysis.measurement import comparison_table, measurement_table
 from analysis.nothing_to_move import has_nothing_to_move, nothing_to_move_table
+from analysis.retries import retry_table
 from analysis.retry_causes import has_retry_traces, retry_cause_table
 from analysis.reuse_check import reuse_check_table
 from analysis.wall_time import wall_time_table

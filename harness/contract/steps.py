@@ -31,7 +31,8 @@ class StepField:
     name: str
     unit: str  # "s", "bytes", "count", "tokens", "tokens/s", "TFLOP/s", "loss", "flag", "index"
     source: str  # who measures it: "loop" (the step loop), "monitor" (device memory), "host" (host memory,
-    #              harness/rank/host_memory.py), "arm" (the arm's counters)
+    #              harness/rank/host_memory.py), "gc" (Python's garbage collector, harness/rank/garbage.py),
+    #              "arm" (the arm's counters)
     ranks: str | None = None  # how ranks combine it: "max", "min" (> 0 proves every rank did it), "mean"; None:
     #                           the same on every rank, or worked out on rank 0 after combining (tokens/s)
     phase: tuple[str, ...] = ()  # the statistics summary.json keeps of it per phase (PHASE_STATISTICS)
@@ -74,6 +75,7 @@ PHASE_STATISTICS: dict[str, Callable[[list[float], list[float]], dict[str, Any]]
     # the phase's first step can hold the compiler's peak (DeepCompile's profiling): steady_max leaves it out
     "steady_max": lambda every, measured: {"steady_max": max(measured, default=None)},
     "sum": lambda every, measured: {"sum": sum(every) if every else None},
+    "measured_sum": lambda every, measured: {"measured_sum": sum(measured) if measured else None},
 }
 
 FIELDS: tuple[StepField, ...] = (
@@ -114,6 +116,9 @@ FIELDS: tuple[StepField, ...] = (
     StepField("pinned_host_bytes", "bytes", "host", ranks="max", phase=("max",),
               columns=(Column("pinned host (GB)", "max", "memory"),)),
     StepField("pin_time_s", "s", "host", ranks="max", phase=("sum",)),
+    # Python's garbage collector inside the step's time: its seconds and collections (train.gc)
+    StepField("gc_s", "s", "gc", ranks="max", phase=("measured_sum",)),
+    StepField("gc_collections", "count", "gc", ranks="max", phase=("measured_sum",)),
     # our pass's device seconds: each copy stream's busy time, and how long compute stood waiting for the copies
     StepField("copy_d2h_busy_s", "s", "arm", ranks="max", phase=("median",), cumulative=True,
               columns=(Column("D2H busy (s)", "median", "transfers"),)),

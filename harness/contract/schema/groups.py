@@ -93,6 +93,10 @@ class TrainConfig(Group):
     # loop that reads its loss each step waits; copies on other streams may run on into the next step, where the
     # compute stream waits for them only if it needs their data or memory.
     step_sync: Annotated[Literal["device", "compute"], COLUMN]
+    # Python's garbage collector (harness/rank/garbage.py): auto (its own thresholds; a collection may land inside a
+    # step, gc_s says how long) | between_steps (automatic collection off; a full one before each step's opening
+    # sync, outside every step's time).
+    gc: Annotated[Literal["auto", "between_steps"], COLUMN]
 
     @classmethod
     def check(cls, cfg: Mapping[str, Any]) -> None:
