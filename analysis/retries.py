@@ -121,5 +121,5 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     if recorded_gc:
         caption += (" steps with GC, GC ms/step: the measured steps a collection of Python's garbage collector ran "
                     "in and the mean milliseconds a step spent in it (gc_s; train.gc); '-' where not recorded.")
-    return Table("retries", values.astype(counts), display_frame(lines, RETRY_COLUMNS + (GC_COLUMNS if recorded_gc else [])),
-                 caption=caption)
+    columns = RETRY_COLUMNS + (GC_COLUMNS if recorded_gc else [])
+    return Table("retries", values.astype(counts), display_frame(lines, columns), caption=caption)

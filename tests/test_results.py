@@ -450,7 +450,8 @@ def test_launching_after_the_update_ends_the_retries_and_costs_time_only_under_a
     retried, runs, peaks = {}, {}, {}
     for config, summary, steps in campaign_points("retry_launch"):
         # runs recorded before train.step_sync existed synced the device (the protocol)
-        point = (config["train"].get("step_sync", "device"), config["train"]["sub_group_size"], config["offload"]["launch"])
+        train = config["train"]
+        point = (train.get("step_sync", "device"), train["sub_group_size"], config["offload"]["launch"])
         measured = [row for row in final_rows(steps) if is_measured(row, summary["warmup_steps"])]
         retried[point] = (sum(row["alloc_retries"] > 0 for row in measured), len(measured))
         runs[point] = [row["step_time_s"] for row in measured]

@@ -18,7 +18,7 @@ from harness.contract import steps
 
 
 class GcClock:
-    """Seconds and collections of the garbage collector since the last `take`, from `gc.callbacks`."""
+    """Seconds and collections of the garbage collector since the last `reset`, from `gc.callbacks`."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self._clock = clock
