@@ -25,6 +25,7 @@ BAD_VALUES = [
     (["train.micro_batch=0"], "train.micro_batch"),
     (["offload.budget_gb=-2"], "offload.budget_gb"),
     (["arm=ds_offload", "arm.offload_optimizer=cpu"], "arm.offload_optimizer"),
+    (["train.gc=sometimes"], "train.gc"),
 ]
 
 

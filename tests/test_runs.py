@@ -46,6 +46,7 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
         assert row["peak_reserved_bytes"] is None  # no device memory on CPU
         assert row["host_rss_bytes"] > 100e6  # a rank holding torch and DeepSpeed resides in well over 100 MB
         assert row["pinned_host_bytes"] is None and row["pin_time_s"] is None  # no pinned allocator on CPU
+        assert row["gc_s"] >= 0 and row["gc_collections"] >= 0  # train.gc=auto: whatever landed in the step
     worker = json.loads((run_dir / "worker.json").read_text())
     assert 1 < worker["startup_s"] < summary["wall_time_s"]  # importing torch alone takes over a second
     split = summary["wall_split"]  # the eager arm's: start-up in parts, each phase's first step, no DeepCompile
@@ -73,6 +74,18 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
     assert logged["final/step_time_s/median"] == quartiles([rows[3]["step_time_s"]])["median"]
     assert logged["final/n"] == 1 and logged["status"] == "ok"
     assert flat_summary(summary)["phase0/step_time_s/median"] == rows[1]["step_time_s"]
+
+
+@pytest.mark.slow
+def test_with_gc_between_steps_no_collection_lands_inside_a_step(tmp_path):
+    """train.gc=between_steps: automatic collection is off and the full collections run between steps, so every
+    step, the compile steps too, records none inside its time."""
+    proc = harness_run(tmp_path, "logger=none", "train.gc=between_steps", "train.measure_steps=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows, summary = read_run(tmp_path / "run")
+    assert summary["status"] == "ok" and rows
+    assert all(row["gc_collections"] == 0 and row["gc_s"] == 0 for row in rows), rows
+    assert summary["final"]["gc_collections"] == {"measured_sum": 0}
 
 
 @pytest.mark.slow
