@@ -103,11 +103,10 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     rows, lines = [], []
     for row, label, group, runs in steps_by_design_point(points, steps):
         head, cells = _point_head(row, label, group, runs)
-        values = retry_values(runs)
-        values.update(gc_values(runs) if values["steps"] else {})
+        values = {**retry_values(runs), **gc_values(runs)}
         rows.append({**head, **values})
         lines.append({**cells, ("", "s/step"): _step_time_cell(values["step_time_s"], head), **_retry_cells(values),
-                      **_gc_cells({"gc_s_mean": None, **values})})
+                      **_gc_cells(values)})
     values = pd.DataFrame(rows)
     recorded_gc = bool("gc_s_mean" in values and values["gc_s_mean"].notna().any())
     if not recorded_gc:  # the table as it was before gc_s, so the reports of runs without it stay the same

@@ -190,7 +190,8 @@ def run(config: schema.Config, run_dir: Path, position: Position) -> None:
     built = build(config, run_dir, position, split)
     if built.rank == 0:
         write_json(run_dir / runfiles.WORKER, built.facts)
-    machine_facts = step_loop(config, run_dir, position, built, split)
+    with GcClock() as gc_clock, GcPolicy(config.train.gc) as gc_policy:
+        machine_facts = step_loop(config, run_dir, position, built, split, gc_clock, gc_policy)
     if built.rank == 0:
         cache_facts = built.cache.facts_for_worker() if built.cache else None
         write_json(run_dir / runfiles.WORKER, {**built.facts, **config.arm.plan_facts(), **machine_facts,
@@ -248,10 +249,11 @@ def build(config: schema.Config, run_dir: Path, position: Position, split: WallS
     return Built(device, rank, world, monitor, host, engine, starts, facts, cache)
 
 
-def step_loop(config: schema.Config, run_dir: Path, position: Position, built: Built,
-              split: WallSplit) -> dict[str, Any]:
+def step_loop(config: schema.Config, run_dir: Path, position: Position, built: Built, split: WallSplit,
+              gc_clock: GcClock, gc_policy: GcPolicy) -> dict[str, Any]:
     """Every optimizer step of the run (the protocol's counts), one steps.jsonl row each from rank 0; returns the
-    machine readings around the measured steps (a collective, so every rank calls it)."""
+    machine readings around the measured steps (a collective, so every rank calls it). `gc_clock` times the garbage
+    collector inside each step, `gc_policy` (train.gc) runs between steps."""
     train, arm, device, monitor = config.train, config.arm, built.device, built.monitor
     writer = StepWriter(run_dir) if built.rank == 0 else None
     generator = torch.Generator().manual_seed(train.seed * 1000 + built.rank)
@@ -261,46 +263,45 @@ def step_loop(config: schema.Config, run_dir: Path, position: Position, built: B
     tokens = train.micro_batch * train.seq_len * train.grad_accum * built.world
     vocab = config.model.config.vocab_size
     diagnostics = StepDiagnostics(config.debug, built.rank, monitor.cuda)
-    with GcClock() as gc_clock, GcPolicy(train.gc) as gc_policy:
-        for step in range(counts.total):
-            phase, phase_step = phase_of(step, built.starts)
-            position.step, position.phase = step, phase
-            inject_fault(config.debug, step, built.rank)
-            if step == counts.final_start:
-                cap_reserved_memory(config.env.reserved_cap_gb, monitor)
-            monitor.reset_peaks()
-            gc_policy.before_step()  # between_steps: a full collection here, before the opening sync
-            synchronize(device, train.step_sync)
-            watch.before(step)
-            diagnostics.before(step, device)
-            split.before_step(phase_step)
-            gc_clock.reset()
-            start = time.perf_counter()
-            loss_sum = torch.zeros((), device=device)
-            for _ in range(train.grad_accum):
-                ids = models.synthetic_batch(generator, train.micro_batch, train.seq_len, vocab, device)
-                loss = built.engine(input_ids=ids, labels=ids).loss
-                built.engine.backward(loss)
-                monitor.end_segment("fwd_bwd")
-                built.engine.step()
-                monitor.end_segment("opt_step")
-                loss_sum += loss.detach().float()
-            slow_down(config.debug, step, built.rank)
-            synchronize(device, train.step_sync)  # the step's end: all its device work, or its compute stream's
-            step_time = time.perf_counter() - start
-            gc_step = gc_clock.step_stats()
-            split.after_step(phase, phase_step, step_time)
-            diagnostics.after(step, device, run_dir)
-            record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
-                                   "loss": loss_sum.item() / train.grad_accum, **monitor.step_stats(),
-                                   **built.host.step_stats(), **gc_step, **counters.step_values(),
-                                   "traced": diagnostics.traces(step)})
-            record = aggregate_over_ranks(record, device)
-            arm.observe_step(record)
-            record.update(throughput(tokens, record["step_time_s"], built.facts["flops_per_token"], built.world))
-            if writer is not None:
-                writer.write(record)
-                progress.info(progress_line(record, counts.total))
+    for step in range(counts.total):
+        phase, phase_step = phase_of(step, built.starts)
+        position.step, position.phase = step, phase
+        inject_fault(config.debug, step, built.rank)
+        if step == counts.final_start:
+            cap_reserved_memory(config.env.reserved_cap_gb, monitor)
+        monitor.reset_peaks()
+        gc_policy.before_step()  # between_steps: a full collection here, before the opening sync
+        synchronize(device, train.step_sync)
+        watch.before(step)
+        diagnostics.before(step, device)
+        split.before_step(phase_step)
+        gc_clock.reset()
+        start = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(train.grad_accum):
+            ids = models.synthetic_batch(generator, train.micro_batch, train.seq_len, vocab, device)
+            loss = built.engine(input_ids=ids, labels=ids).loss
+            built.engine.backward(loss)
+            monitor.end_segment("fwd_bwd")
+            built.engine.step()
+            monitor.end_segment("opt_step")
+            loss_sum += loss.detach().float()
+        slow_down(config.debug, step, built.rank)
+        synchronize(device, train.step_sync)  # the step's end: all its device work, or its compute stream's
+        step_time = time.perf_counter() - start
+        gc_step = gc_clock.step_stats()
+        split.after_step(phase, phase_step, step_time)
+        diagnostics.after(step, device, run_dir)
+        record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
+                               "loss": loss_sum.item() / train.grad_accum, **monitor.step_stats(),
+                               **built.host.step_stats(), **gc_step, **counters.step_values(),
+                               "traced": diagnostics.traces(step)})
+        record = aggregate_over_ranks(record, device)
+        arm.observe_step(record)
+        record.update(throughput(tokens, record["step_time_s"], built.facts["flops_per_token"], built.world))
+        if writer is not None:
+            writer.write(record)
+            progress.info(progress_line(record, counts.total))
     facts = watch.facts()
     if writer is not None:
         writer.close()
