@@ -1,7 +1,8 @@
 """`harness archive SWEEP_DIR RESULTS_DIR`: the run files of a sweep that a committed campaign keeps, copied into
 results/<campaign>/sweep/ (then `harness report` makes its report from them, and CI rebuilds it from the same files).
 
-Kept, per point: what the tables read and what names the code that ran (KEPT), each at most MAX_FILE_BYTES; never
+Kept, per point: what the tables read and what names the code that ran (KEPT), each at most MAX_FILE_BYTES, the
+profile gzip-compressed (profile.json.gz, ~14x smaller: results hold small files, and the readers inflate it); never
 the worker logs, W&B folders, compile caches, earlier attempts or the allocator's pickled snapshot. A profiled step's
 Chrome trace (torch_trace.json, megabytes) is kept as what the tables read of it: its seconds by where they went
 (profiled_step.json, harness/contract/profiled_step.py), which the reader takes where the trace is absent. The
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -28,8 +30,8 @@ from harness.contract import reader, runfiles, safe_read, statuses
 from harness.contract.profiled_step import read_profiled_step
 
 KEPT = (runfiles.CONFIG, runfiles.ENV, runfiles.WORKER, runfiles.SUMMARY, runfiles.STEPS, runfiles.PROFILE,
-        runfiles.PLAN, runfiles.DIFF, runfiles.MEMORY_TRACE)
-MAX_FILE_BYTES = 8 * 2**20  # results hold small files; the largest kept today is a profile.json of ~0.3 MB
+        runfiles.ARCHIVED_PROFILE, runfiles.PLAN, runfiles.DIFF, runfiles.MEMORY_TRACE)
+MAX_FILE_BYTES = 8 * 2**20  # results hold small files; the largest kept today is a profile.json of ~0.5 MB
 
 
 class ArchiveError(Exception):
@@ -55,8 +57,9 @@ def archive(sweep_dir: Path, out_dir: Path) -> tuple[list[str], list[str]]:
     points = {name: point_files(sweep_dir, name, indexed=name in listed) for name in names}
     for name, files in points.items():
         for file_name, text in files.items():
-            (out_dir / name / file_name).parent.mkdir(parents=True, exist_ok=True)
-            (out_dir / name / file_name).write_text(text)
+            stored_name, data = stored(file_name, text)
+            (out_dir / name / stored_name).parent.mkdir(parents=True, exist_ok=True)
+            (out_dir / name / stored_name).write_bytes(data)
     append_index(sweep_dir, out_dir, names)
     return names, [name for name in found if name not in names]
 
@@ -92,6 +95,14 @@ def point_files(sweep_dir: Path, name: str, indexed: bool = True) -> dict[str, s
     if step is not None:
         files[runfiles.PROFILED_STEP] = json.dumps(dataclasses.asdict(step), indent=1) + "\n"
     return files
+
+
+def stored(file_name: str, text: str) -> tuple[str, bytes]:
+    """The name and bytes a kept file is committed as: the profile (the largest, mostly node names repeated)
+    gzip-compressed, with no time stamp so the same profile is the same bytes; every other file as it was."""
+    if file_name in (runfiles.PROFILE, runfiles.ARCHIVED_PROFILE):
+        return runfiles.ARCHIVED_PROFILE, gzip.compress(text.encode(), mtime=0)
+    return file_name, text.encode()
 
 
 def append_index(sweep_dir: Path, out_dir: Path, names: list[str]) -> None:

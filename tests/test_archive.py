@@ -1,6 +1,7 @@
 """`harness archive` (analysis/archive.py): a sweep's kept run files copied for committing under results/, a profiled
 step's trace kept as its sums, which the reader reads as it reads the trace; nothing else comes along, nothing is
 overwritten, and a file it may not read stops it before anything is written."""
+import gzip
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from conftest import REPO_ROOT
 from harness.contract import runfiles
 from harness.contract.profiled_step import NotAProfiledStep, from_record, profiled_step
 from harness.driver.stop_at import reason_to_skip
+from harness.offload.profile import load_profile
 from test_nothing_to_move import trace
 
 CAPACITY = REPO_ROOT / "results" / "capacity" / "sweep"
@@ -69,6 +71,21 @@ def test_the_kept_files_come_along_and_the_trace_as_its_sums_which_the_reader_re
     columns = ["run_dir", *PROFILED_COLUMNS.values()]
     assert archived.points[columns].equals(original.points[columns])
     assert archived.points[PROFILED_COLUMNS["sync_s"]].notna().sum() == 1
+
+
+def test_a_profile_as_a_rank_wrote_it_is_committed_gzipped_and_plans_alike_from_either(sweep, tmp_path):
+    ours = sweep / POINTS[0]
+    written = load_profile(ours / runfiles.ARCHIVED_PROFILE)
+    (ours / runfiles.ARCHIVED_PROFILE).unlink()
+    (ours / runfiles.PROFILE).write_text(json.dumps(written, indent=2))  # as graph_pass writes it
+    out = tmp_path / "out"
+    archive(sweep, out)
+    committed = out / POINTS[0] / runfiles.ARCHIVED_PROFILE
+    assert not (out / POINTS[0] / runfiles.PROFILE).exists()
+    assert committed.stat().st_size * 5 < (ours / runfiles.PROFILE).stat().st_size
+    assert gzip.decompress(committed.read_bytes()) == (ours / runfiles.PROFILE).read_bytes()
+    assert load_profile(committed) == load_profile(ours / runfiles.PROFILE)
+    assert runfiles.profile_file(out / POINTS[0]) == committed and runfiles.profile_file(ours) == ours / "profile.json"
 
 
 def test_a_second_archive_adds_its_points_and_never_overwrites_one(sweep, tmp_path):

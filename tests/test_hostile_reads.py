@@ -1,6 +1,7 @@
 """A results folder built to hurt its reader: links out of the sweep dir, nesting deep enough to overflow the stack,
 YAML alias bombs, FIFOs and devices, wrong-typed config values. load_sweep and bench read on past each bad file
 with one warning naming it; nothing outside the sweep dir reaches a row; nothing hangs."""
+import gzip
 import json
 import os
 import shutil
@@ -186,6 +187,24 @@ def test_a_device_is_refused_from_its_stat_and_an_oversized_file_by_its_size(tmp
     with pytest.raises(safe_read.RefusedFile, match="not UTF-8 text"):
         safe_read.read_json(binary)
 
+
+def test_a_gzip_profile_reads_as_its_text_and_one_that_inflates_past_the_limit_or_is_cut_is_refused(tmp_path):
+    profile = tmp_path / "profile.json.gz"
+    profile.write_bytes(gzip.compress(json.dumps({"graphs": []}).encode(), mtime=0))
+    assert safe_read.read_json(profile) == {"graphs": []}
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b" " * 4096))  # ~40 bytes on disk, 4 kB inflated
+    assert bomb.stat().st_size < 1024
+    with pytest.raises(safe_read.RefusedFile, match="inflates past 1024 bytes"):
+        safe_read.read_text(bomb, max_bytes=1024)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(profile.read_bytes()[:-6])  # the trailer's check sum and length lost
+    with pytest.raises(safe_read.RefusedFile, match="not one whole gzip stream"):
+        safe_read.read_text(cut)
+    plain = tmp_path / "plain.json.gz"  # named .gz, but not gzip
+    plain.write_text("{}")
+    with pytest.raises(safe_read.RefusedFile, match="not gzip"):
+        safe_read.read_text(plain)
 
 # --- defect 7: wrong-typed config values ----------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from harness.contract.stats import ratio_interval
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CAMPAIGNS = sorted(path.parent for path in RESULTS.glob("*/sweep"))
 REBUILT_SUFFIXES = (".md", ".tex", ".csv")  # text files; PNG/PDF bytes depend on the matplotlib build
-RUN_FILES = {"config.yaml", "env.json", "worker.json", "summary.json", "steps.jsonl", "profile.json", "plan.json",
+RUN_FILES = {"config.yaml", "env.json", "worker.json", "summary.json", "steps.jsonl", "profile.json.gz", "plan.json",
              "git.diff", "memory_trace.json", "profiled_step.json",
              ".hydra/overrides.yaml"}  # what `harness archive` keeps (analysis/archive.py); overrides: unindexed points
 # A campaign's README line for points recorded before env.json named the diff of a dirty tree (not rewritten).
@@ -342,7 +342,7 @@ def test_a_profile_from_one_campaign_predicts_the_same_point_of_another_campaign
                                                                                  "recorded", 11)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert plan_main(["--profile", str(source / "profile.json"), "--budget-gb", "11",
+        assert plan_main(["--profile", str(source / "profile.json.gz"), "--budget-gb", "11",
                           "--budget-rule", "step_model"]) == 0
     plan = json.loads(out.getvalue())
     ran = json.loads((target / "plan.json").read_text())

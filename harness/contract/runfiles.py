@@ -30,6 +30,7 @@ SUMMARY = "summary.json"
 WORKER = "worker.json"                      # what the ranks saw
 LOG = "worker.log"                          # node 0's ranks' output
 PROFILE = "profile.json"                    # arm=offload: the memory profile the plan was made from
+ARCHIVED_PROFILE = "profile.json.gz"        # the same, gzip-compressed, in a committed campaign (harness archive)
 PLAN = "plan.json"
 TORCH_TRACE = "torch_trace.json"            # debug.profile_step
 TORCH_OPS = "torch_ops.txt"
@@ -45,6 +46,14 @@ INDEX = "index.jsonl"                       # in the sweep dir: one line per poi
 # The files of one attempt at a point; a requeued or re-run point sets them aside before it starts again.
 ATTEMPT_FILES = (CONFIG, HYDRA_DIR, STEPS, SUMMARY, WORKER, ENV, LOG, PROFILE, PLAN, WANDB_DIR, RANK_ERRORS,
                  NODE_FAILURES, TORCH_TRACE, TORCH_OPS, MEMORY_SNAPSHOT, MEMORY_TRACE)
+
+
+def profile_file(run_dir: str | Path) -> Path | None:
+    """A point's profile: as its rank wrote it, or as a committed campaign keeps it; None where it has neither."""
+    for name in (PROFILE, ARCHIVED_PROFILE):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
 
 
 def rank_error(rank: int) -> str:

@@ -2,7 +2,8 @@
 the planner CLI, the driver reading what its ranks wrote):
 - a file is opened only if, its links resolved, it is a regular file inside the folder it belongs to (the sweep
   dir), and no larger than MAX_FILE_BYTES; a device or a FIFO is refused from its stat, never opened to block;
-- it must be UTF-8 text;
+- it must be UTF-8 text; a file named *.gz is gzip-compressed text (a committed campaign's profile), inflated no
+  further than the same size limit, so a kilobyte that would inflate to gigabytes is refused, never held;
 - JSON and YAML nest at most MAX_DEPTH deep (deeper would overflow the reader's stack), and YAML has no aliases
   (an alias bomb of a kilobyte expands to gigabytes in whoever walks the data).
 Each refusal is one RefusedFile naming the file; a missing file stays a FileNotFoundError (what it means is the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 import stat
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -38,7 +40,8 @@ class RefusedFile(ValueError):
 
 def read_text(path: str | Path, root: str | Path | None = None, max_bytes: int = MAX_FILE_BYTES) -> str:
     """The text of a regular file that stays inside `root` (default: the folder the path names it in) once its
-    links are resolved. FileNotFoundError where it is missing; RefusedFile for any other rule it breaks."""
+    links are resolved, inflated where it is named *.gz. FileNotFoundError where it is missing; RefusedFile for any
+    other rule it breaks."""
     path = Path(path)
     try:
         resolved = path.resolve()  # a missing target raises below, from os.stat
@@ -60,10 +63,27 @@ def read_text(path: str | Path, root: str | Path | None = None, max_bytes: int =
         data = file.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise RefusedFile(str(path), f"larger than {max_bytes} bytes; not read")
+    if path.name.endswith(".gz"):
+        data = _inflate(data, max_bytes, path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise RefusedFile(str(path), "not UTF-8 text; not read") from None
+
+
+def _inflate(data: bytes, max_bytes: int, path: Path) -> bytes:
+    """A gzip file's bytes inflated, at most max_bytes of them; RefusedFile where it inflates further or is no
+    single whole gzip stream."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # 16+: the gzip header and trailer, checked
+    try:
+        text = inflater.decompress(data, max_bytes + 1)
+    except zlib.error as error:
+        raise RefusedFile(str(path), f"not gzip ({error}); not read") from None
+    if len(text) > max_bytes:
+        raise RefusedFile(str(path), f"inflates past {max_bytes} bytes; not read")
+    if not inflater.eof or inflater.unused_data:
+        raise RefusedFile(str(path), "not one whole gzip stream; not read")
+    return text
 
 
 def parse_json(text: str, file: str | Path) -> Any:

@@ -81,8 +81,8 @@ def pairs(sweep_dir: str | Path, warn: Callable[[str], None] = lambda line: None
     planned = [point for point in reader.read_sweep(sweep_dir).points if point.plan is not None]
     found = []
     for source in planned:
-        profile_file = sweep_dir / source.run_dir / runfiles.PROFILE
-        if not profile_file.is_file():
+        profile_file = runfiles.profile_file(sweep_dir / source.run_dir)
+        if profile_file is None:
             continue
         try:
             profile = load_profile(profile_file)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _OneLineParser(prog="python -m harness.offload.plan",
                             description="Print the offload plan for a memory profile and a budget as JSON.")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--profile", help="profile.json of one rank")
+    source.add_argument("--profile", help="profile.json of one rank (or a committed campaign's profile.json.gz)")
     source.add_argument("--out-of-sample", type=Path, metavar="SWEEP_DIR",
                         help="plan every point of our pass in the sweep again from each other profile.json of its "
                              "model and shape, as the point ran, and print the predicted against the measured peaks "

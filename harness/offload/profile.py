@@ -286,9 +286,10 @@ def calibrate(profile: Profile) -> Profile:
 
 
 def load_profile(path: str | Path) -> dict:
-    """Read and validate profile.json; a missing, unreadable or malformed file is one ConfigError. It is read as
-    harness.contract.safe_read reads a run file: a regular file (never a device or a FIFO), of a bounded size, UTF-8
-    JSON of a bounded depth; a number of thousands of digits is no JSON it takes."""
+    """Read and validate profile.json (or a committed campaign's profile.json.gz); a missing, unreadable or
+    malformed file is one ConfigError. It is read as harness.contract.safe_read reads a run file: a regular file
+    (never a device or a FIFO), of a bounded size, UTF-8 JSON of a bounded depth; a number of thousands of digits is
+    no JSON it takes."""
     try:
         text = safe_read.read_text(path, root="/")  # a profile named on the command line may be anywhere
     except OSError as error:
