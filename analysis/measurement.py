@@ -19,8 +19,8 @@ import pandas as pd
 
 from analysis.design import Design, budget_name, design, format_value, given_budget, is_missing
 from analysis.load import OK
-from analysis.tables import WORKLOAD_COLUMNS, NOT_APPLICABLE, Table, display_frame, failed_statuses, format_number, \
-    order_key
+from analysis.tables import RESERVED_GROWTH, WORKLOAD_COLUMNS, NOT_APPLICABLE, Table, display_frame, failed_statuses, \
+    format_number, order_key
 from harness.contract import stats
 from harness.arms import BenchRole, arm_names
 
@@ -43,6 +43,19 @@ def measured_steps(points: pd.DataFrame, steps: pd.DataFrame) -> dict[tuple[str,
             (steps["sweep"] == point["sweep"]) & (steps["run_dir"] == point["run_dir"])
             & (steps["phase"] == point["final_phase"]) & (steps["phase_step"] > warmup) & ~traced]
     return out
+
+
+def with_reserved_growth(points: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The points with RESERVED_GROWTH: how far peak reserved memory rose from an ok run's first measured step to
+    its last (the cache an empty_cache policy lets grow; NaN where fewer than two measured steps recorded it)."""
+    runs = measured_steps(points, steps)
+    growth = [_reserved_growth(runs.get((point["sweep"], point["run_dir"]))) for point in points.to_dict("records")]
+    return points.assign(**{RESERVED_GROWTH: growth})
+
+
+def _reserved_growth(run: pd.DataFrame | None) -> float:
+    reserved = [] if run is None or "peak_reserved_bytes" not in run else run["peak_reserved_bytes"].dropna()
+    return float(reserved.iloc[-1] - reserved.iloc[0]) if len(reserved) >= 2 else math.nan
 
 
 def _times(run: pd.DataFrame) -> list[float]:

@@ -38,6 +38,7 @@ BUDGET_KEYS = (*GIVEN_BUDGET_COLUMNS, "margin", "auto_rule")  # said by the budg
 STEP_TIME = "final_step_time_s_median"
 TOKENS_PER_S = "final_tokens_per_s_median"
 PEAK_RESERVED = "final_peak_reserved_bytes_max"
+RESERVED_GROWTH = "final_reserved_growth_bytes"  # measurement.with_reserved_growth's, from the measured steps
 
 
 @dataclass
@@ -208,10 +209,11 @@ def display_frame(lines: list[dict[tuple[str, str], str]],
 
 def policies_table(points: pd.DataFrame) -> Table:
     """Rows = empty_cache policy (within each other design point), column groups = copy-stream mode:
-    final-phase median step time and peak reserved."""
+    final-phase median step time, peak reserved, and how far reserved memory grew over the measured steps (where
+    the points carry RESERVED_GROWTH, else '-')."""
     points_design = design(points)
     keys = [key for key in points_design.keys if key not in ("empty_cache", "streams")] + ["empty_cache", "streams"]
-    values = aggregate_repeats(points, keys, [STEP_TIME, PEAK_RESERVED])
+    values = aggregate_repeats(points, keys, [STEP_TIME, PEAK_RESERVED, RESERVED_GROWTH])
     cells: dict[str, dict[tuple[str, str], str]] = {}
     for row in values.to_dict("records"):
         context = points_design.label(row, leave_out=["empty_cache", "streams"])
@@ -220,6 +222,7 @@ def policies_table(points: pd.DataFrame) -> Table:
         group = f"streams {format_value(row['streams'])}"
         line[(group, "s/step")] = cell(row, STEP_TIME)
         line[(group, "peak reserved (GB)")] = cell(row, PEAK_RESERVED, GB)
+        line[(group, "reserved growth (GB)")] = cell(row, RESERVED_GROWTH, GB)
     return Table("policies", values, display_frame(list(cells.values())))
 
 

@@ -10,6 +10,7 @@ from analysis.fixtures.synthetic import write_point
 from analysis.load import load_sweep
 from analysis.render import to_latex, to_markdown, write_table
 from analysis.memory_tables import memory_table
+from analysis.measurement import with_reserved_growth
 from analysis.tables import budget_table, policies_table, swept_axis, throughput_table
 
 COMPILE = 5.0  # every synthetic phase starts with a compile step this long; the medians must leave it out
@@ -123,12 +124,19 @@ def test_policies_table_crosses_empty_cache_with_copy_streams(tmp_path):
     for job, (empty_cache, streams, seconds) in enumerate(policies):
         write_point(tmp_path, job, arm="offload", empty_cache=empty_cache, streams=streams,
                     phase_times=[steady(seconds)])
-    table = policies_table(load_sweep(tmp_path).points)
+    sweep = load_sweep(tmp_path)
+    table = policies_table(with_reserved_growth(sweep.points, sweep.steps))
     assert list(table.display[("", "empty_cache")]) == ["never", "per_step"]
     assert list(table.display[("streams single", "s/step")]) == ["0.3", "0.35"]
     assert list(table.display[("streams split", "s/step")]) == ["0.2", "0.25"]
     # the synthetic default peak is 3 GiB (+ the step's number in bytes): 3.221 GB
     assert list(table.display[("streams split", "peak reserved (GB)")]) == ["3.221", "3.221"]
+    # ...so reserved memory grew by the steps between the first measured step and the last, bytes apiece
+    measured = [row for row in sweep.steps.to_dict("records") if row["run_dir"] == sweep.points["run_dir"][0]
+                and row["phase_step"] > 0]
+    assert measured[-1]["step"] > measured[0]["step"]
+    assert table.values["final_reserved_growth_bytes"].tolist() == [measured[-1]["step"] - measured[0]["step"]] * 4
+    assert policies_table(sweep.points).display[("streams split", "reserved growth (GB)")].tolist() == ["-", "-"]
 
 
 def test_budget_table_lists_offload_arms_by_budget(tmp_path):

@@ -72,6 +72,17 @@ def test_an_untracked_file_where_the_run_code_lives_counts_and_its_diff_creates_
     assert (clone / "code.py").read_text() == "x = 2\n" and not (clone / "notes.txt").exists()
 
 
+def test_committed_campaigns_changed_since_the_commit_are_outputs_and_never_make_the_code_dirty(repo):
+    (repo / "results" / "run" / "summary.json").write_text('{"status": "ok", "rebuilt": true}\n')
+    (repo / "results" / "new_campaign").mkdir()
+    (repo / "results" / "new_campaign" / "profile.json.gz").write_bytes(b"\x1f\x8b")
+    facts, diff = envinfo.git_state(repo / "multirun" / "run")
+    assert facts["git_dirty"] is False and facts["git_dirty_files"] == [] and diff is None
+    (repo / "code.py").write_text("x = 2\n")  # beside a code change, the diff holds the code alone
+    facts, diff = envinfo.git_state(repo / "multirun" / "run")
+    assert facts["git_dirty_files"] == ["code.py"] and "results/" not in diff
+
+
 def test_summary_json_records_how_far_the_point_went_over_its_budget():
     config = {"train": {"warmup_steps": 0}}
     rows = [{"step": step, "phase": 0, "phase_step": step, "step_time_s": 0.1, "peak_allocated_bytes": peak}

@@ -5,7 +5,9 @@ The code is named by its commit (`git_sha`) and, where the tree differed from it
 live (RUN_SOURCES: a new module imported, a new experiment composed, though never committed). `git_diff_sha256` is the
 SHA-256 of the diff that turns the commit into that tree: `git diff HEAD --binary`, then each such untracked file as
 a new file, whose text the driver keeps beside env.json (runfiles.DIFF). Ignored files never count, nor untracked
-ones elsewhere (notes, a wheel folder), nor the run's own outputs where the run dir lies in the repository."""
+ones elsewhere (notes, a wheel folder), nor the run's own outputs where the run dir lies in the repository, nor the
+committed campaigns under results/: earlier runs' outputs, which no run reads (a campaign archived since the last
+commit once made a 22 MB diff of run files, past what a committed point may keep)."""
 from __future__ import annotations
 
 import hashlib
@@ -20,6 +22,7 @@ from harness.contract.schema.config import Config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_SOURCES = ("harness", "conf", "experiments")  # where an untracked file can change what a run does
+OUTPUTS = ("results",)  # committed campaigns: what runs wrote, never what a run reads
 
 
 def _git(*args: str, strip: bool = True, ok_codes: tuple[int, ...] = (0,)) -> str | None:
@@ -35,7 +38,7 @@ def _git(*args: str, strip: bool = True, ok_codes: tuple[int, ...] = (0,)) -> st
 def git_state(run_dir: Path | None = None) -> tuple[dict[str, Any], str | None]:
     """(env.json's git keys, the diff text or None where the tree matched its commit); the run dir's own files are
     left out where it lies in the repository. Without git (or outside a checkout) every value is None."""
-    exclude = []
+    exclude = [f":(exclude){folder}" for folder in OUTPUTS]
     if run_dir is not None and Path(run_dir).resolve().is_relative_to(REPO_ROOT):
         exclude.append(f":(exclude){Path(run_dir).resolve().relative_to(REPO_ROOT)}")
     names = _git("diff", "HEAD", "--name-only", "--", ".", *exclude)
