@@ -38,7 +38,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.driver.stop_at import longest_point_s
+from harness.contract.envinfo import boot_id
+from harness.driver.stop_at import finished_points, point_s_needed
 from harness.offload.profile import parse_profile
 
 pytestmark = pytest.mark.gpu
@@ -65,12 +66,13 @@ def runs_dir(tmp_path_factory) -> Path:
 
 def skip_past_the_deadline(runs_dir: Path, runs: int = 1) -> None:
     """Skip (not fail) where `runs` more compiled runs would end after $OFFLOAD_GPU_DEADLINE: a run is taken to last
-    as long as the longest kept one (an accumulation run lasts about twice a plain one), at least $OFFLOAD_GPU_RUN_S."""
+    as long as the kept ones say a run takes on this machine (sweep.stop_at's rule: an accumulation run lasts about
+    twice a plain one), at least $OFFLOAD_GPU_RUN_S."""
     deadline = os.environ.get("OFFLOAD_GPU_DEADLINE")
     if not deadline:
         return
     run_s = max(float(os.environ.get("OFFLOAD_GPU_RUN_S", "180")),
-                (longest_point_s(runs_dir, runs_dir / "-") or 0.0) + DRIVER_S)
+                (point_s_needed(finished_points(runs_dir, runs_dir / "-"), boot_id()) or 0.0) + DRIVER_S)
     if time.time() + runs * run_s > float(deadline):
         pytest.skip(f"OFFLOAD_GPU_DEADLINE: no time left for another run ({run_s:.0f} s)")
 

@@ -1,4 +1,4 @@
-"""sweep.stop_at: a sweep starts no point it could not finish by then, going by the longest point it has recorded;
+"""sweep.stop_at: a sweep starts no point it could not finish by then, going by what its recorded points took;
 such a point is recorded `skipped` (not a success) and a later call with sweep.resume=true runs it
 (harness/driver/stop_at.py). In process through the driver's record_point with the launch replaced, as
 tests/test_resume.py does, and once through the real driver, two calls of one sweep."""
@@ -37,7 +37,7 @@ def test_a_point_that_could_not_finish_in_time_is_skipped_and_a_later_call_runs_
     assert record(second, soon, "sweep.resume=true") == "skipped"
     assert launched == [first]
     summary = json.loads((second / runfiles.SUMMARY).read_text())
-    assert summary["status"] == "skipped" and "a point of this sweep has taken 100 s" in summary["reason"]
+    assert summary["status"] == "skipped" and "a point of this sweep takes 100 s here" in summary["reason"]
     assert (second / runfiles.CONFIG).is_file()
 
     later = f"sweep.stop_at={time.time() + 600}"
@@ -46,19 +46,46 @@ def test_a_point_that_could_not_finish_in_time_is_skipped_and_a_later_call_runs_
     assert launched == [first, second]
 
 
-def test_the_time_needed_is_the_longest_wall_a_sibling_recorded(tmp_path):
+def finished(sweep_dir: Path, name: str, wall: float, startup: float | None = None, boot: str | None = None) -> None:
+    (sweep_dir / name).mkdir()
+    runfiles.write_json(sweep_dir / name / runfiles.SUMMARY, {"status": "ok", "wall_time_s": wall,
+                                                              **({"startup_s": startup} if startup else {})})
+    if boot is not None:
+        runfiles.write_json(sweep_dir / name / runfiles.ENV, {"boot_id": boot})
+
+
+def test_without_start_ups_recorded_the_time_needed_is_the_longest_wall_a_sibling_recorded(tmp_path):
     for name, wall in (("0_a", 80.0), ("1_b", 130.5), ("2_c", 0.0)):
-        (tmp_path / name).mkdir()
-        runfiles.write_json(tmp_path / name / runfiles.SUMMARY, {"status": "ok", "wall_time_s": wall})
+        finished(tmp_path, name, wall)
     (tmp_path / "3_bad").mkdir()
     (tmp_path / "3_bad" / runfiles.SUMMARY).write_text("[1, 2]")  # no object: tells nothing
     this = tmp_path / "4_this"
-    assert stop_at.longest_point_s(tmp_path, this) == 130.5
+    assert stop_at.point_s_needed(stop_at.finished_points(tmp_path, this), "boot") == 130.5
     assert stop_at.reason_to_skip(None, this, tmp_path, now=0.0) is None
     assert stop_at.reason_to_skip(1000.0, this, tmp_path, now=1000.0 - 131) is None
     assert stop_at.reason_to_skip(1000.0, this, tmp_path, now=1000.0 - 130).startswith("sweep.stop_at: 130 s left")
     assert stop_at.reason_to_skip(1000.0, this, None, now=1000.0 - 130) is None  # a single run: nothing to go by
-    assert stop_at.longest_point_s(tmp_path / "1_b", tmp_path / "1_b" / "x") is None
+    assert stop_at.finished_points(tmp_path / "1_b", tmp_path / "1_b" / "x") == []
+
+
+def test_a_machine_that_built_its_ops_in_its_first_point_is_charged_its_later_points_start_up(tmp_path):
+    """As on an H100 (results/empty_cache_policies): the fresh machine's first point took 268 s, 121 s of it
+    start-up (DeepSpeed's JIT ops built), the next 147 s with 26 s; a longer point of another machine counts by its
+    work, not its start-up."""
+    finished(tmp_path, "0_first", 268.0, startup=121.0, boot="vm1")
+    this = tmp_path / "9_this"
+    points = stop_at.finished_points(tmp_path, this)
+    assert stop_at.point_s_needed(points, "vm1") == 268.0  # only the first ran here: its start-up may recur
+    finished(tmp_path, "1_second", 147.0, startup=26.0, boot="vm1")
+    points = stop_at.finished_points(tmp_path, this)
+    assert stop_at.point_s_needed(points, "vm1") == 147.0 + 26.0  # the first's work, this machine's later start-up
+    assert stop_at.point_s_needed(points, "vm2") == 147.0 + 121.0  # a fresh machine builds again
+    assert stop_at.reason_to_skip(1000.0, this, tmp_path, now=1000.0 - 180, boot="vm1") is None
+    assert stop_at.reason_to_skip(1000.0, this, tmp_path, now=1000.0 - 180, boot="vm2").endswith(
+        "takes 268 s here (run it again with sweep.resume=true)")
+    finished(tmp_path, "2_long", 400.0, startup=30.0, boot="vm0")  # a longer shape, on an earlier machine
+    points = stop_at.finished_points(tmp_path, this)
+    assert stop_at.point_s_needed(points, "vm1") == 370.0 + 26.0
 
 
 @pytest.mark.parametrize("value,message", [("-5", "sweep.stop_at"), ("soon", "sweep.stop_at")])

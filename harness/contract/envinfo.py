@@ -64,6 +64,15 @@ def _new_file_diff(path: str) -> str:
     return _git("diff", "--no-index", "--binary", "--", "/dev/null", path, strip=False, ok_codes=(0, 1)) or ""
 
 
+def boot_id() -> str | None:
+    """This machine's boot (Linux's random boot id; None elsewhere): what its points share that a fresh machine's
+    do not, such as the JIT-built ops a first point leaves behind (sweep.stop_at reads it)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
@@ -103,6 +112,7 @@ def collect_env(config: Config, run_dir: Path | None = None) -> tuple[dict[str, 
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "world_size": config.world_size,
         "hostnames": [socket.gethostname()],
+        "boot_id": boot_id(),
         "pytorch_cuda_alloc_conf": config.env.pytorch_cuda_alloc_conf,
         "reserved_cap_gb": config.env.reserved_cap_gb,
         "device_memory_gb": config.env.device_memory_gb,

@@ -1,42 +1,77 @@
 """`sweep.stop_at` (seconds since the epoch): a sweep given a fixed stretch of machine time starts no point it
 cannot finish by then. Such a point is recorded `skipped`, naming the time left against what a point of this
-sweep has taken, and, with `sweep.resume=true`, the next call of the same command runs it. A point killed by the
+sweep takes, and, with `sweep.resume=true`, the next call of the same command runs it. A point killed by the
 end of its machine's time costs its minutes and keeps nothing; a skipped one costs nothing.
 
-What a point takes is read from this sweep's own earlier points: the longest wall time (launch to the ranks' exit)
-recorded by a sibling's summary.json in the sweep folder, an earlier call's included. Before any point has finished
-there is nothing to go by, so the sweep's first point always starts: set stop_at with that much to spare. A single
-run (no multirun) always starts too: its folder lies among unrelated runs.
+What a point takes is read from this sweep's own earlier points (their summary.json in the sweep folder, an earlier
+call's included), in two parts, so that one machine's one-time builds do not count against every later point:
+- the work: the longest wall time (launch to the ranks' exit) less its start-up (worker.json's startup_s: imports,
+  the model, the engine) over every finished point, so a long point of another shape still counts;
+- the start-up on this machine (the boot env.json names): the longest of this boot's points but its first, whose
+  start-up built what the later ones reuse (DeepSpeed's JIT ops: ~100 s on a fresh machine, ~8 s after). Where
+  this boot has run none but its first, or none at all, the longest start-up of any: a fresh machine builds again.
+Before any point has finished there is nothing to go by, so the sweep's first point always starts: set stop_at
+with that much to spare. A single run (no multirun) always starts too: its folder lies among unrelated runs.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.contract import runfiles, safe_read
 from harness.contract.checks import is_usable_number
+from harness.contract.envinfo import boot_id
 from harness.contract.statuses import STOP_AT_REASON
 from harness.driver.resume import recorded
 
 
-def longest_point_s(sweep_dir: Path, this_point: Path) -> float | None:
-    """The longest wall time a finished point of this sweep recorded (None where none did; a summary that cannot be
-    read tells nothing)."""
-    walls = [recorded(summary_path.parent, runfiles.SUMMARY, safe_read.read_json, "wall_time_s")
-             for summary_path in sorted(sweep_dir.glob(f"*/{runfiles.SUMMARY}")) if summary_path.parent != this_point]
-    return max((float(wall) for wall in walls if is_usable_number(wall) and wall > 0), default=None)
+@dataclass(frozen=True)
+class FinishedPoint:
+    """What an earlier point of the sweep took: its wall time and the start-up inside it (0 where not recorded),
+    and the boot of the machine that ran it (None where not recorded)."""
+    wall_s: float
+    startup_s: float
+    boot: str | None
+
+
+def finished_points(sweep_dir: Path, this_point: Path) -> list[FinishedPoint]:
+    """The sweep's other points that recorded a wall time (a summary that cannot be read tells nothing)."""
+    found = []
+    for summary_path in sorted(sweep_dir.glob(f"*/{runfiles.SUMMARY}")):
+        run_dir = summary_path.parent
+        if run_dir == this_point:
+            continue
+        wall = recorded(run_dir, runfiles.SUMMARY, safe_read.read_json, "wall_time_s")
+        if not (is_usable_number(wall) and wall > 0):
+            continue
+        startup = recorded(run_dir, runfiles.SUMMARY, safe_read.read_json, "startup_s")
+        startup = min(float(startup), float(wall)) if is_usable_number(startup) and startup > 0 else 0.0
+        boot = recorded(run_dir, runfiles.ENV, safe_read.read_json, "boot_id")
+        found.append(FinishedPoint(float(wall), startup, boot if isinstance(boot, str) else None))
+    return found
+
+
+def point_s_needed(finished: list[FinishedPoint], boot: str | None) -> float | None:
+    """Seconds the next point will take on the machine of `boot` (module docstring), None with nothing to go by."""
+    if not finished:
+        return None
+    work = max(point.wall_s - point.startup_s for point in finished)
+    here = sorted((point.startup_s for point in finished if boot is not None and point.boot == boot), reverse=True)
+    startup = max(here[1:]) if len(here) > 1 else max(point.startup_s for point in finished)
+    return work + startup
 
 
 def reason_to_skip(stop_at: float | None, run_dir: Path, sweep_dir: Path | None,
-                   now: float | None = None) -> str | None:
+                   now: float | None = None, boot: str | None = None) -> str | None:
     """Why this point must not start before `stop_at` (sweep.stop_at), or None where it may: no stop_at, no sweep
-    (a single run's folder lies among unrelated runs), nothing recorded to go by, or time for a point as long as the
-    sweep's longest."""
+    (a single run's folder lies among unrelated runs), nothing recorded to go by, or time for what a point takes on
+    this machine (`boot`: this machine's boot id where not given)."""
     if stop_at is None or sweep_dir is None:
         return None
     left = stop_at - (time.time() if now is None else now)
-    needed = longest_point_s(sweep_dir, run_dir)
+    needed = point_s_needed(finished_points(sweep_dir, run_dir), boot_id() if boot is None else boot)
     if needed is None or left >= needed:
         return None
-    return (f"{STOP_AT_REASON} {max(left, 0):.0f} s left, and a point of this sweep has taken {needed:.0f} s "
+    return (f"{STOP_AT_REASON} {max(left, 0):.0f} s left, and a point of this sweep takes {needed:.0f} s here "
             f"(run it again with sweep.resume=true)")
