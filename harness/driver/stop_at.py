@@ -5,11 +5,11 @@ end of its machine's time costs its minutes and keeps nothing; a skipped one cos
 
 What a point takes is read from this sweep's own earlier points (their summary.json in the sweep folder, an earlier
 call's included), in two parts, so that one machine's one-time builds do not count against every later point:
-- the work: the longest wall time (launch to the ranks' exit) less its start-up (worker.json's startup_s: imports,
-  the model, the engine) over every finished point, so a long point of another shape still counts;
-- the start-up on this machine (the boot env.json names): the longest of this boot's points but its first, whose
-  start-up built what the later ones reuse (DeepSpeed's JIT ops: ~100 s on a fresh machine, ~8 s after). Where
-  this boot has run none but its first, or none at all, the longest start-up of any: a fresh machine builds again.
+- the work: the longest wall time (launch to the ranks' exit) less its start-up (summary.json's startup_s:
+  imports, the model, the engine) over every finished point, so a long point of another shape still counts;
+- the start-up on this machine (the boot env.json names): the longest of this boot's points but the very longest,
+  its first's, which built what the later ones reuse (DeepSpeed's JIT ops: ~100 s on a fresh machine, ~8 s after).
+  Where this boot has run one point or none, the longest start-up of any: a fresh machine builds again.
 Before any point has finished there is nothing to go by, so the sweep's first point always starts: set stop_at
 with that much to spare. A single run (no multirun) always starts too: its folder lies among unrelated runs.
 """
@@ -42,10 +42,11 @@ def finished_points(sweep_dir: Path, this_point: Path) -> list[FinishedPoint]:
         run_dir = summary_path.parent
         if run_dir == this_point:
             continue
-        wall = recorded(run_dir, runfiles.SUMMARY, safe_read.read_json, "wall_time_s")
+        summary = recorded(run_dir, runfiles.SUMMARY, safe_read.read_json)
+        wall = summary.get("wall_time_s") if isinstance(summary, dict) else None
         if not (is_usable_number(wall) and wall > 0):
             continue
-        startup = recorded(run_dir, runfiles.SUMMARY, safe_read.read_json, "startup_s")
+        startup = summary.get("startup_s")
         startup = min(float(startup), float(wall)) if is_usable_number(startup) and startup > 0 else 0.0
         boot = recorded(run_dir, runfiles.ENV, safe_read.read_json, "boot_id")
         found.append(FinishedPoint(float(wall), startup, boot if isinstance(boot, str) else None))
