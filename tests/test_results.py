@@ -511,7 +511,8 @@ def test_emptying_the_cache_every_step_holds_reserved_memory_down_and_costs_time
     """results/empty_cache_policies/README.md, over the measured steps (one run a point, no retry on any): per_step
     peaks over 4 GB lower in reserved memory than never and once_per_phase and barely grows, where they grow by
     over 1.5 GB, and runs slower than once_per_phase with either copy-stream mode; under once_per_phase and never,
-    split copy streams run faster than a single one."""
+    split copy streams run faster than a single one, whose steps lie within 2% of each other where split ones spread
+    over 15%."""
     times, reserved = {}, {}
     for config, summary, steps in campaign_points("empty_cache_policies"):
         point = (config["offload"]["empty_cache"], config["offload"]["streams"])
@@ -530,3 +531,5 @@ def test_emptying_the_cache_every_step_holds_reserved_memory_down_and_costs_time
         assert ratio_interval([times["per_step", mode]], [times["once_per_phase", mode]]).low > 1.1
     for policy in ("never", "once_per_phase"):
         assert ratio_interval([times[policy, "single"]], [times[policy, "split"]]).low > 1.2
+        single, split = sorted(times[policy, "single"]), sorted(times[policy, "split"])
+        assert single[-1] / single[0] < 1.02 < 1.15 < split[-1] / split[0], (single, split)  # one stream: quiet steps
