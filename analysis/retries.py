@@ -76,6 +76,7 @@ RETRY_COLUMNS = [("", name) for name in ("arm", "runs", "measured", "retried", "
 
 
 GC = "gc_s"
+GC_VALUES = ("steps_gc_recorded", "steps_with_gc", "gc_s_mean")
 GC_COLUMNS = [("", "steps with GC"), ("", "GC ms/step")]
 
 
@@ -84,7 +85,7 @@ def gc_values(runs: Sequence[pd.DataFrame]) -> dict[str, float | None]:
     in and the mean milliseconds a step spent in it; None where no run recorded it (runs before gc_s)."""
     seconds = pd.Series([value for run in runs if GC in run for value in run[GC].astype(float)], dtype=float).dropna()
     if seconds.empty:
-        return {"steps_gc_recorded": None, "steps_with_gc": None, "gc_s_mean": None}
+        return dict.fromkeys(GC_VALUES)
     return {"steps_gc_recorded": len(seconds), "steps_with_gc": int((seconds > 0).sum()),
             "gc_s_mean": float(seconds.mean())}
 
@@ -110,7 +111,7 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     values = pd.DataFrame(rows)
     recorded_gc = bool("gc_s_mean" in values and values["gc_s_mean"].notna().any())
     if not recorded_gc:  # the table as it was before gc_s, so the reports of runs without it stay the same
-        values = values.drop(columns=["steps_gc_recorded", "steps_with_gc", "gc_s_mean"], errors="ignore")
+        values = values.drop(columns=list(GC_VALUES), errors="ignore")
     counts = {name: "Int64" for name in (*RETRY_COUNTS, "steps_gc_recorded", "steps_with_gc") if name in values}
     caption = ("Allocator retries on the final phase's measured steps, the runs of a point pooled (a retry is a "
                "device synchronize, a flush of every cached block and a new cudaMalloc). s/step: medians over the "
