@@ -83,6 +83,21 @@ def test_committed_campaigns_changed_since_the_commit_are_outputs_and_never_make
     assert facts["git_dirty_files"] == ["code.py"] and "results/" not in diff
 
 
+def test_the_profile_reuse_key_names_the_same_code_as_resume_so_archiving_a_campaign_keeps_its_hits(repo):
+    from harness.rank import profile_cache
+
+    clean = profile_cache.harness_version()
+    assert clean == {"git_sha": git(repo, "rev-parse", "HEAD").strip(), "dirty_diff": ""}
+    (repo / "results" / "new_campaign").mkdir()  # a campaign archived between two calls of a sweep
+    (repo / "results" / "new_campaign" / "summary.json").write_text("{}\n")
+    (repo / "results" / "run" / "summary.json").write_text('{"status": "ok"}\n')
+    assert profile_cache.harness_version() == clean
+    (repo / "code.py").write_text("x = 2\n")  # a code change is another key
+    changed = profile_cache.harness_version()
+    assert changed["git_sha"] == clean["git_sha"] and changed["dirty_diff"] not in ("", None)
+    assert changed["dirty_diff"] == envinfo.git_state()[0]["git_diff_sha256"][:20]
+
+
 def test_summary_json_records_how_far_the_point_went_over_its_budget():
     config = {"train": {"warmup_steps": 0}}
     rows = [{"step": step, "phase": 0, "phase_step": step, "step_time_s": 0.1, "peak_allocated_bytes": peak}

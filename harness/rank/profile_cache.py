@@ -28,14 +28,13 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from harness.contract import schema
-from harness.contract.envinfo import REPO_ROOT
+from harness.contract import envinfo
 from harness.contract.runfiles import write_atomic
 
 logger = logging.getLogger(__name__)
@@ -57,24 +56,15 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _git(*args: str) -> bytes | None:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def harness_version() -> dict[str, str] | None:
-    """The checkout's commit and a hash of what differs from it (tracked changes and untracked files); None
-    outside a git checkout, where no key can tell two versions apart."""
-    sha, diff = _git("rev-parse", "HEAD"), _git("diff", "HEAD", "--binary")
-    untracked = _git("ls-files", "--others", "--exclude-standard", "-z", "harness", "conf")
-    if sha is None or diff is None or untracked is None:
+    """The checkout's commit and a hash of what differs from it: the code identity `sweep.resume` compares
+    (env.json's git_sha and git_diff_sha256, which leave out the committed campaigns under results/, so archiving
+    one between two calls of a sweep does not turn its later points' reuse into misses); None outside a git
+    checkout, where no key can tell two versions apart."""
+    state, _ = envinfo.git_state()
+    if state["git_sha"] is None or state["git_dirty"] is None:
         return None
-    dirty = hashlib.sha256(diff)
-    for name in sorted(filter(None, untracked.split(b"\0"))):
-        dirty.update(name + (REPO_ROOT / name.decode()).read_bytes())
-    return {"git_sha": sha.decode().strip(), "dirty_diff": dirty.hexdigest()[:20] if diff or untracked else ""}
+    return {"git_sha": state["git_sha"], "dirty_diff": (state["git_diff_sha256"] or "")[:20]}
 
 
 def versions(device_name: str | None) -> dict[str, Any] | None:
