@@ -216,8 +216,14 @@ def along_axis(points_design: Design, points: pd.DataFrame, axis: str) -> tuple[
 
 
 def _follows(points: pd.DataFrame, key: str, axis: str) -> bool:
-    """Whether `key` takes one value per value of `axis`, a different one for each."""
-    if axis not in points:
+    """Whether, within each arm, `key` takes one value per value of `axis`, a different one for each (the
+    accumulation cut's rows are named per arm, ours_mb1 and ds_mb1, and each follows the micro-batch)."""
+    if axis not in points or key not in points:
         return False
-    pairs = set(zip(points[axis].map(format_value), points[key].map(format_value)))
-    return len(pairs) == len({value for value, _ in pairs}) == len({value for _, value in pairs}) > 1
+    along = False
+    for _, rows in points.groupby("arm", sort=False):
+        pairs = set(zip(rows[axis].map(format_value), rows[key].map(format_value)))
+        if not len(pairs) == len({value for value, _ in pairs}) == len({value for _, value in pairs}):
+            return False
+        along = along or len(pairs) > 1
+    return along

@@ -14,6 +14,7 @@ import pandas as pd
 from analysis.design import design, is_missing
 from analysis.measurement import _design_points, measured_steps
 from analysis.tables import NOT_APPLICABLE, Table, display_frame
+from harness.contract.statuses import SKIPPED
 from analysis.wall_split import FIRST_STEP_COLUMNS, REST_COLUMNS
 
 WALL_PARTS = ("compile_s", "steps_s", "other_s")  # a run's wall time in three parts that sum to it
@@ -117,22 +118,24 @@ def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     with_split = any(points[name].notna().any() for name in (*FIRST_STEP_COLUMNS, *REST_COLUMNS) if name in points)
     for row, group in _design_points(points, points_design):
         label = points_design.label(row)
-        runs = group.to_dict("records")  # every run, whatever its status: a run that ran out still used the device
+        ran = group[group["status"] != SKIPPED]  # a point kept from starting used no device time
+        runs = ran.to_dict("records")  # every run that started, whatever its status: one that ran out used the device
         parts = [wall_parts(point, steps_of(point)) for point in runs]
         medians = {name: _seconds([part[name] for part in parts]) for name in WALL_TITLES}
         wall_s = sum(part["wall_time_s"] or 0.0 for part in parts)
         measured_s = sum(measured_of(point) for point in runs)
         values = {**medians, "device_min": wall_s / 60, "measured_s": measured_s,
                   "measured_pct": _share(measured_s, wall_s)}
-        line = {("", "arm"): label, ("", "runs"): str(len(group)),
+        skipped = len(group) - len(ran)
+        line = {("", "arm"): label, ("", "runs"): f"{len(ran)}" + (f" (+{skipped} skipped)" if skipped else ""),
                 **{("", title): _tenths(medians[name]) for name, title in WALL_TITLES.items()},
                 ("", "device (min)"): _tenths(values["device_min"]),
                 ("", "measured (%)"): _tenths(values["measured_pct"])}
         if with_split:
-            split = _split_values(group)
+            split = _split_values(ran)
             values.update(split)
             line.update(_split_cells(split))
-        rows.append({**row, "n_runs": len(group), **values})
+        rows.append({**row, "n_runs": len(ran), **values})
         lines.append(line)
     total_min, total_measured = sum(row["device_min"] for row in rows), sum(row["measured_s"] for row in rows)
     lines.append({("", "arm"): "all points", ("", "runs"): str(sum(row["n_runs"] for row in rows)),

@@ -88,6 +88,25 @@ def test_table_shows_each_arm_per_optimizer_step_with_its_offload_cycles(points)
     assert "per optimizer step" in table.caption
 
 
+def test_the_cuts_rows_named_per_arm_follow_the_micro_batch_and_split_no_arm(tmp_path):
+    """experiments/accumulation_cut names each row by arm and micro-batch (ours_mb1, ds_mb1, ...): within an arm it
+    follows the micro-batch, so each arm is one row of the table and one series of the figure."""
+    short = {"deepcompile": "dc", "ds_offload": "ds", "offload": "ours"}
+    for job, (arm, micro_batch) in enumerate((("offload", 1), ("ds_offload", 1), ("offload", 4), ("ds_offload", 4),
+                                              ("deepcompile", 2))):
+        write_point(tmp_path, job, arm=arm, micro_batch=micro_batch, grad_accum=GLOBAL_BATCH // micro_batch,
+                    seq_len=SEQ, device_memory_gb=SIZE, phase_times=[(COMPILE, 0.3), (COMPILE, 0.5, 0.5)],
+                    offload_cycles=cycles(arm, micro_batch),
+                    extra={"experiments/accumulation_cut": f"{short[arm]}_mb{micro_batch}"})
+    cut = load_sweep(tmp_path).points
+    table = accumulation.accumulation_table(cut, GLOBAL_BATCH)
+    assert [row[0] for row in table.display.values.tolist()] == ["deepcompile", "ds_offload", "offload"]
+    plot = accumulation.accumulation_plot(cut, GLOBAL_BATCH)
+    drawn = plot.data[plot.data["kind"] == "tokens_per_s"]
+    assert set(drawn["series"]) == {"deepcompile", "ds_offload", "offload"}
+    assert drawn[drawn["series"] == "offload"]["x"].tolist() == [1, 4]
+
+
 def test_figure_draws_tokens_per_s_against_the_micro_batch_and_an_x_at_the_first_oom(points):
     plot = accumulation.accumulation_plot(points, GLOBAL_BATCH)
     drawn = plot.data[plot.data["kind"] == "tokens_per_s"]

@@ -48,6 +48,19 @@ def test_a_sweep_whose_points_all_ran_out_before_a_step_still_counts_their_devic
     assert table.values["compile_s"].tolist() == [0.0] and table.values["device_min"].tolist() == [1.0]
 
 
+def test_repeats_a_sweep_kept_from_starting_neither_pull_the_medians_to_zero_nor_count_as_runs(tmp_path):
+    run_dir = write_point(tmp_path, 0, arm="offload", repeat=0, phase_times=((5.0, 1.0),))
+    set_summary(tmp_path, run_dir, wall_time_s=100.0, startup_s=20.0)
+    for repeat in (1, 2):  # sweep.stop_at left no time to start them: skipped, wall 0
+        kept_out = write_point(tmp_path, repeat, arm="offload", repeat=repeat, status="skipped", phase_times=())
+        set_summary(tmp_path, kept_out, wall_time_s=0.0)
+    sweep = load_sweep(tmp_path)
+    table = wall_time_table(sweep.points, sweep.steps)
+    ours = table.values.iloc[0]
+    assert (ours["wall_time_s"], ours["startup_s"], ours["compile_s"], ours["n_runs"]) == (100.0, 20.0, 5.0, 1)
+    assert table.display.iloc[0][("", "runs")] == "1 (+2 skipped)"
+
+
 def first_step(phase: int, **seconds) -> dict:
     return {"phase": phase, "step_time_s": 1.0, "lazy_backward_s": None, "pass_s": None, **seconds}
 
