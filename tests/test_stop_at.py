@@ -46,10 +46,12 @@ def test_a_point_that_could_not_finish_in_time_is_skipped_and_a_later_call_runs_
     assert launched == [first, second]
 
 
-def finished(sweep_dir: Path, name: str, wall: float, startup: float | None = None, boot: str | None = None) -> None:
+def finished(sweep_dir: Path, name: str, wall: float, startup: float | None = None, boot: str | None = None,
+             op_build: float | None = None) -> None:
     (sweep_dir / name).mkdir()
-    runfiles.write_json(sweep_dir / name / runfiles.SUMMARY, {"status": "ok", "wall_time_s": wall,
-                                                              **({"startup_s": startup} if startup else {})})
+    runfiles.write_json(sweep_dir / name / runfiles.SUMMARY, {
+        "status": "ok", "wall_time_s": wall, **({"startup_s": startup} if startup else {}),
+        **({"op_build_s": op_build} if op_build is not None else {})})
     if boot is not None:
         runfiles.write_json(sweep_dir / name / runfiles.ENV, {"boot_id": boot})
 
@@ -86,6 +88,22 @@ def test_a_machine_that_built_its_ops_in_its_first_point_is_charged_its_later_po
     finished(tmp_path, "2_long", 400.0, startup=30.0, boot="vm0")  # a longer shape, on an earlier machine
     points = stop_at.finished_points(tmp_path, this)
     assert stop_at.point_s_needed(points, "vm1") == 370.0 + 26.0
+
+
+def test_a_machine_whose_first_point_timed_its_op_builds_is_charged_that_start_up_less_them(tmp_path):
+    """As on an H100 (results/empty_cache_policies, the repeat): the fresh machine's first point took 271 s, 120 s
+    of it start-up with ~95 s of op builds, and the next call had 257 s left: a later point here takes the first's
+    work and its start-up less the builds, which fits. A fresh machine still pays the builds."""
+    finished(tmp_path, "0_first", 271.1, startup=120.0, boot="vm1", op_build=95.0)
+    this = tmp_path / "9_this"
+    points = stop_at.finished_points(tmp_path, this)
+    assert stop_at.point_s_needed(points, "vm1") == pytest.approx(151.1 + 25.0)
+    assert stop_at.point_s_needed(points, "vm2") == pytest.approx(271.1)  # a fresh machine builds again
+    assert stop_at.reason_to_skip(1000.0, this, tmp_path, now=1000.0 - 257, boot="vm1") is None
+    finished(tmp_path, "1_second", 147.0, startup=26.0, boot="vm1", op_build=0.0)
+    assert stop_at.point_s_needed(stop_at.finished_points(tmp_path, this), "vm1") == pytest.approx(151.1 + 26.0)
+    finished(tmp_path, "2_older", 150.0, startup=20.0, boot="vm1")  # recorded before op_build_s: the old rule
+    assert stop_at.point_s_needed(stop_at.finished_points(tmp_path, this), "vm1") == pytest.approx(151.1 + 26.0)
 
 
 @pytest.mark.parametrize("value,message", [("-5", "sweep.stop_at"), ("soon", "sweep.stop_at")])

@@ -30,7 +30,7 @@ STEP_FIELDS = ("step", "phase", "phase_step", "step_time_s")  # a steps.jsonl li
 # What made our pass's plan (plan.json's `rule`): a budget as DeepSpeed sizes it, the step model within a budget, or
 # the device rule without one. Plans from before the device rule name no rule.
 PLAN_RULES = ("budget", "step_model", "device_limit")
-SUMMARY_NUMBERS = ("world_size", "steps_completed", "wall_time_s", "startup_s", "budget_bytes",
+SUMMARY_NUMBERS = ("world_size", "steps_completed", "wall_time_s", "startup_s", "op_build_s", "budget_bytes",
                    "planned_offload_bytes", "predicted_peak_bytes", "device_memory_bytes", "over_budget_bytes")
 
 

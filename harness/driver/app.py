@@ -60,6 +60,7 @@ def build_summary(config: dict, status: str, reason: str | None, rows: list[dict
         "arm": lookup(config, "arm.name", None), "model": lookup(config, "model.name", None),
         "world_size": worker_facts.get("world_size", _configured_world_size(config.get("launcher") or {})),
         "steps_completed": len(rows), "wall_time_s": wall_time_s, "startup_s": worker_facts.get("startup_s"),
+        "op_build_s": worker_facts.get("op_build_s"),  # this machine's one-time op builds (driver/op_builds.py)
         "budget_bytes": worker_facts.get("budget_bytes"),
         "planned_offload_bytes": worker_facts.get("planned_offload_bytes"),
         "predicted_peak_bytes": worker_facts.get("predicted_peak_bytes"),
@@ -152,6 +153,7 @@ def run_point(config: schema.Config, run_dir: Path, place: nodes.NodePlace) -> d
         env.update(world_size=facts["world_size"], hostnames=facts["hostnames"])
         write_json(run_dir / runfiles.ENV, env)
     oom = launch.oom_facts(run_dir) if status == "oom" else None
+    facts = {**facts, "op_build_s": round(result.op_build_s, 3)}  # measured here, beside what the ranks saw
     return build_summary(config.written, status, reason, rows, result.wall_time_s, facts, oom)
 
 

@@ -23,7 +23,7 @@ import psutil
 from harness.cluster import stops
 from harness.cluster.nodes import NodePlace
 from harness.contract import runfiles, safe_read
-from harness.driver import buildlocks
+from harness.driver import buildlocks, op_builds
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGHUP)  # Ctrl-C, a closed terminal: the point ends as `interrupted`
 _KILL_GRACE_S = 10
@@ -42,6 +42,7 @@ class LaunchResult:
     stop_signal: str | None = None   # its name, e.g. SIGTERM
     peer_failure: str | None = None  # another node of a multi-node point failed first
     stalled: str | None = None       # no new step for launcher.stall_timeout_s: why, naming the last step
+    op_build_s: float = 0.0          # the ops this point built just in time (op_builds.py), on this node
 
 
 def _pump(stream, log_path: Path, echo: Callable[[str], None]) -> None:
@@ -83,7 +84,7 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
         log.write(f"$ {shlex.join(cmd)}\n")
     buildlocks.clear_stale_locks(env)
     previous = _install_handlers(tuple(dict.fromkeys((*stop_signals, *INTERRUPT_SIGNALS))), on_signal)
-    start = time.monotonic()
+    start, launched_at = time.monotonic(), time.time()
     timed_out, failed_peer, stalled, pump = False, None, None, None
     try:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -112,7 +113,8 @@ def run_workers(cmd: list[str], env: dict[str, str], run_dir: Path, timeout_s: f
     if pump is not None:
         pump.join(timeout=5)
     return LaunchResult(proc.returncode, timed_out and not stop, time.monotonic() - start,
-                        stop.get("status"), stop.get("signal"), failed_peer, None if stop else stalled)
+                        stop.get("status"), stop.get("signal"), failed_peer, None if stop else stalled,
+                        op_builds.build_seconds(buildlocks.extensions_root(env), launched_at))
 
 
 def _wait_quietly(proc: subprocess.Popen, seconds: float) -> None:

@@ -7,9 +7,11 @@ What a point takes is read from this sweep's own earlier points (their summary.j
 call's included), in two parts, so that one machine's one-time builds do not count against every later point:
 - the work: the longest wall time (launch to the ranks' exit) less its start-up (summary.json's startup_s:
   imports, the model, the engine) over every finished point, so a long point of another shape still counts;
-- the start-up on this machine (the boot env.json names): the longest of this boot's points but the very longest,
-  its first's, which built what the later ones reuse (DeepSpeed's JIT ops: ~100 s on a fresh machine, ~8 s after).
-  Where this boot has run one point or none, the longest start-up of any: a fresh machine builds again.
+- the start-up on this machine (the boot env.json names): the longest of this boot's points, each less the op
+  builds it made (summary.json's op_build_s, harness/driver/op_builds.py: DeepSpeed's JIT ops, ~95 s on a fresh
+  machine), which the later points reuse. Where one of this boot's points recorded no op_build_s (a point recorded
+  before it was), the longest start-up of this boot's points but the very longest, its first's; where this boot
+  has run none, the longest start-up of any: a fresh machine builds again.
 Before any point has finished there is nothing to go by, so the sweep's first point always starts: set stop_at
 with that much to spare. A single run (no multirun) always starts too: its folder lies among unrelated runs.
 """
@@ -28,11 +30,12 @@ from harness.driver.resume import recorded
 
 @dataclass(frozen=True)
 class FinishedPoint:
-    """What an earlier point of the sweep took: its wall time and the start-up inside it (0 where not recorded),
-    and the boot of the machine that ran it (None where not recorded)."""
+    """What an earlier point of the sweep took: its wall time, the start-up inside it (0 where not recorded), the
+    boot of the machine that ran it and the op builds it made (each None where not recorded)."""
     wall_s: float
     startup_s: float
     boot: str | None
+    op_build_s: float | None = None
 
 
 def finished_points(sweep_dir: Path, this_point: Path) -> list[FinishedPoint]:
@@ -48,8 +51,10 @@ def finished_points(sweep_dir: Path, this_point: Path) -> list[FinishedPoint]:
             continue
         startup = summary.get("startup_s")
         startup = min(float(startup), float(wall)) if is_usable_number(startup) and startup > 0 else 0.0
+        builds = summary.get("op_build_s")
+        builds = float(builds) if is_usable_number(builds) and builds >= 0 else None
         boot = recorded(run_dir, runfiles.ENV, safe_read.read_json, "boot_id")
-        found.append(FinishedPoint(float(wall), startup, boot if isinstance(boot, str) else None))
+        found.append(FinishedPoint(float(wall), startup, boot if isinstance(boot, str) else None, builds))
     return found
 
 
@@ -58,8 +63,13 @@ def point_s_needed(finished: list[FinishedPoint], boot: str | None) -> float | N
     if not finished:
         return None
     work = max(point.wall_s - point.startup_s for point in finished)
-    here = sorted((point.startup_s for point in finished if boot is not None and point.boot == boot), reverse=True)
-    startup = max(here[1:]) if len(here) > 1 else max(point.startup_s for point in finished)
+    here = [point for point in finished if boot is not None and point.boot == boot]
+    if here and all(point.op_build_s is not None for point in here):
+        startup = max(max(point.startup_s - point.op_build_s, 0.0) for point in here)
+    elif len(here) > 1:
+        startup = sorted((point.startup_s for point in here), reverse=True)[1]
+    else:
+        startup = max(point.startup_s for point in finished)
     return work + startup
 
 
