@@ -14,8 +14,8 @@ import pandas as pd
 from analysis.design import design, is_missing
 from analysis.measurement import _design_points, measured_steps
 from analysis.tables import NOT_APPLICABLE, Table, display_frame
-from harness.contract.statuses import SKIPPED
 from analysis.wall_split import FIRST_STEP_COLUMNS, REST_COLUMNS
+from harness.contract.statuses import SKIPPED
 
 WALL_PARTS = ("compile_s", "steps_s", "other_s")  # a run's wall time in three parts that sum to it
 
@@ -110,9 +110,9 @@ def _split_cells(values: Mapping[str, Any]) -> dict[tuple[str, str], str]:
 
 
 def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
-    """Per design point, where a run's wall time went (each part the median over its runs, every status: a run that
-    ran out still used the device), the device minutes all its runs took and the share of them in measured steps;
-    a last line sums the campaign. The split's columns appear where a run recorded one."""
+    """Per design point, where a run's wall time went (each part the median over its runs that started, every
+    status: a run that ran out still used the device), the device minutes all its runs took and the share of them
+    in measured steps; a last line sums the campaign. The split's columns appear where a run recorded one."""
     rows, lines = [], []
     points_design, steps_of, measured_of = design(points), _steps_by_run(steps), _measured_seconds(points, steps)
     with_split = any(points[name].notna().any() for name in (*FIRST_STEP_COLUMNS, *REST_COLUMNS) if name in points)
@@ -146,12 +146,13 @@ def wall_time_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
 
 
 def _caption(with_split: bool) -> str:
-    caption = ("Where each point's wall time went, each part the median over its runs of every status (so the parts of "
-               "a point with several runs need not add up): the phases' first steps (the compile steps; an eager "
-               "arm's first step), the other steps, and the rest (torchrun, the rank's start-up, machine readings, "
-               "teardown), of which the start-up ('-' in runs recorded before it was); device (min): all runs of the "
-               "point together, and of the campaign on the last line (a re-run point's earlier attempts not counted); "
-               "measured (%): the share of those minutes spent in the final phase's measured steps.")
+    caption = ("Where each point's wall time went, each part the median over its runs of every status but skipped ("
+               "a point sweep.stop_at kept from starting ran nothing; so the parts of a point with several runs need "
+               "not add up): the phases' first steps (the compile steps; an eager arm's first step), the other "
+               "steps, and the rest (torchrun, the rank's start-up, machine readings, teardown), of which the "
+               "start-up ('-' in runs recorded before it was); device (min): all runs of the point together, and of "
+               "the campaign on the last line (a re-run point's earlier attempts not counted); measured (%): the "
+               "share of those minutes spent in the final phase's measured steps.")
     if not with_split:
         return caption
     return caption + (" Of the first steps (summed over phases): trace, Dynamo and AOT tracing; inductor, its code "

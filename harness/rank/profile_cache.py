@@ -33,8 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from harness.contract import schema
-from harness.contract import envinfo
+from harness.contract import envinfo, schema
 from harness.contract.runfiles import write_atomic
 
 logger = logging.getLogger(__name__)
