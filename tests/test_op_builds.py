@@ -2,6 +2,7 @@
 from the later of the launch and its build file to the library; an op already built, an op whose link never
 happened and folders that are no op builds count nothing."""
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def test_a_launch_reports_the_builds_its_processes_made(tmp_path):
               f"open({str(folder / op_builds.BUILD_FILE)!r}, 'w').close(); time.sleep(0.3); "
               f"open({str(folder / 'fake_op.so')!r}, 'w').close()")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root)}
-    result = launch.run_workers(["python3", "-c", script], env, tmp_path, timeout_s=60)
+    result = launch.run_workers([sys.executable, "-c", script], env, tmp_path, timeout_s=60)
     assert result.returncode == 0 and 0.25 < result.op_build_s < 5.0
-    again = launch.run_workers(["python3", "-c", "pass"], env, tmp_path, timeout_s=60)
+    again = launch.run_workers([sys.executable, "-c", "pass"], env, tmp_path, timeout_s=60)
     assert again.op_build_s == 0.0  # already built: nothing this time
