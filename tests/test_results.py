@@ -510,11 +510,11 @@ def test_with_nothing_to_move_ours_and_deepcompile_do_not_differ_on_either_devic
 @pytest.mark.skipif(not (RESULTS / "empty_cache_policies" / "sweep").exists(),
                     reason="no empty_cache_policies results committed")
 def test_emptying_the_cache_every_step_holds_reserved_memory_down_and_costs_time():
-    """results/empty_cache_policies/README.md, over the measured steps (one run a point, two of never with split
-    streams; no retry on any): per_step peaks over 4 GB lower in reserved memory than never and once_per_phase and
+    """results/empty_cache_policies/README.md, over the measured steps (two runs of never and once_per_phase with
+    either streams, one of per_step; no retry on any): per_step peaks over 4 GB lower in reserved memory than never and once_per_phase and
     barely grows, where they grow by over 1.5 GB, and runs slower than once_per_phase with either copy-stream mode;
     under once_per_phase and never, split copy streams run faster than a single one, whose steps lie within 2% of
-    each other where split ones spread over 5%."""
+    each other where split ones spread over 5%, and with one copy stream never and once_per_phase read alike."""
     times, reserved = defaultdict(list), defaultdict(list)  # a point's runs
     for config, summary, steps in campaign_points("empty_cache_policies"):
         point = (config["offload"]["empty_cache"], config["offload"]["streams"])
@@ -537,26 +537,36 @@ def test_emptying_the_cache_every_step_holds_reserved_memory_down_and_costs_time
         for single, split in itertools.product(times[policy, "single"], times[policy, "split"]):
             single, split = sorted(single), sorted(split)
             assert single[-1] / single[0] < 1.02 < 1.05 < split[-1] / split[0], (single, split)  # one stream: quiet
+    alike = ratio_interval(times["never", "single"], times["once_per_phase", "single"])
+    assert min(len(times[policy, "single"]) for policy in ("never", "once_per_phase")) >= 2
+    assert alike.low < 1 < alike.high, alike
 
 
 @pytest.mark.skipif(not (RESULTS / "accumulation" / "sweep").exists(), reason="no accumulation results committed")
 def test_our_pass_cycles_once_per_optimizer_step_and_outruns_deepspeeds_pass_more_the_more_it_accumulates():
-    """results/accumulation/README.md, over the measured steps: our pass sends the states out and back once per
-    optimizer step and DeepSpeed's pass once per micro-batch; ours takes under 0.4x its step time at accumulation 16
-    and 4, less at 16; DeepSpeed's pass passes its own budget; deepcompile runs out at micro-batch 4 in phase 0."""
+    """results/accumulation/README.md, over the measured steps of three repeats: our pass sends the states out and
+    back once per optimizer step and DeepSpeed's pass once per micro-batch; ours takes under 0.4x its step time at
+    accumulation 16 and 4, less at 16; DeepSpeed's pass passes its own budget in every run; deepcompile runs out at
+    micro-batch 4 in phase 0, and ours at micro-batch 4 runs faster than deepcompile at micro-batch 2, the most it
+    fits."""
     times = defaultdict(list)
     for config, summary, steps in campaign_points("accumulation"):
         arm, train = config["arm"]["name"], config["train"]
         micro_batch, accumulation = train["micro_batch"], train["grad_accum"]
-        if arm == "deepcompile":
-            assert micro_batch == 4 and summary["status"] == "oom" and summary["oom"]["phase"] == 0
+        if arm == "deepcompile" and micro_batch == 4:
+            assert summary["status"] == "oom" and summary["oom"]["phase"] == 0
             continue
         measured = [row for row in final_rows(steps) if is_measured(row, summary["warmup_steps"])]
         assert summary["status"] == "ok" and len(measured) >= 20
-        assert {row["offload_cycles"] for row in measured} == {1 if arm == "offload" else accumulation}, arm
+        if arm != "deepcompile":
+            assert {row["offload_cycles"] for row in measured} == {1 if arm == "offload" else accumulation}, arm
         if arm == "ds_offload":
             assert summary["over_budget_bytes"] > 0 and steady_peak(steps) > summary["budget_bytes"]
         times[arm, micro_batch].append([row["step_time_s"] for row in measured])
+    assert {key: len(runs) for key, runs in times.items()} == {
+        ("offload", 1): 3, ("ds_offload", 1): 3, ("offload", 4): 3, ("ds_offload", 4): 3, ("deepcompile", 2): 3}
     ratios = {micro_batch: ratio_interval(times["offload", micro_batch], times["ds_offload", micro_batch])
               for micro_batch in (1, 4)}
     assert all(ratio.high < 0.4 for ratio in ratios.values()) and ratios[1].ratio < ratios[4].ratio, ratios
+    against_deepcompile = ratio_interval(times["offload", 4], times["deepcompile", 2])
+    assert against_deepcompile.high < 1, against_deepcompile
