@@ -13,6 +13,7 @@ from torch.fx import symbolic_trace
 
 from analysis.columns import is_design_column
 from harness.config.compose import CONF_DIR, compose_point
+from harness.contract import runfiles
 from harness.driver.resume import CHANGEABLE
 from harness.driver.validate import validate
 from harness.rank import graph_ids, profile_cache
@@ -204,7 +205,7 @@ def test_reuse_needs_a_sweep_dir_and_the_knob(tmp_path, cfg, monkeypatch):
     sweep, run_dir = tmp_path / "sweep", tmp_path / "sweep" / "0_point"
     run_dir.mkdir(parents=True)
     assert profile_cache.open_for(cfg, run_dir, 0, None) is None  # a single run: no multirun.yaml above it
-    (sweep / profile_cache.SWEEP_MARKER).write_text("{}")
+    (sweep / runfiles.MULTIRUN).write_text("{}")
     off = typed(changed(cfg.written, "sweep", "reuse", False))
     assert profile_cache.open_for(off, run_dir, 0, None) is None
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "unchanged"
@@ -225,7 +226,7 @@ def test_a_sweeps_cache_installs_stable_graph_ids_by_default_and_not_where_turne
         monkeypatch.setenv(name, "unchanged")  # open_for points them at the sweep's; undone after the test
     run_dir = tmp_path / "sweep" / "0_point"
     run_dir.mkdir(parents=True)
-    (tmp_path / "sweep" / profile_cache.SWEEP_MARKER).write_text("{}")
+    (tmp_path / "sweep" / runfiles.MULTIRUN).write_text("{}")
     cache = profile_cache.open_for(typed(cfg), run_dir, 0, None)  # the defaults: reuse and stable graph ids on
     assert cache is not None and cache.stable_graph_ids is True and installs == [True]
     assert cache.facts_for_worker()["stable_graph_ids"] is True

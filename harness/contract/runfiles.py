@@ -42,6 +42,7 @@ RANK_ERRORS = "error.rank*.json"            # glob patterns of rank_error and no
 NODE_FAILURES = "node*.failed.json"
 ATTEMPTS_DIR = "attempts"                   # earlier attempts at the point, attempts/N/
 INDEX = "index.jsonl"                       # in the sweep dir: one line per point
+MULTIRUN = "multirun.yaml"                  # in the sweep dir: Hydra writes it before the sweep's first point
 
 # The files of one attempt at a point; a requeued or re-run point sets them aside before it starts again.
 ATTEMPT_FILES = (CONFIG, HYDRA_DIR, STEPS, SUMMARY, WORKER, ENV, LOG, PROFILE, PLAN, WANDB_DIR, RANK_ERRORS,

@@ -12,8 +12,11 @@ call's included), in two parts, so that one machine's one-time builds do not cou
   machine), which the later points reuse. Where one of this boot's points recorded no op_build_s (a point recorded
   before it was), the longest start-up of this boot's points but the very longest, its first's; where this boot
   has run none, the longest start-up of any: a fresh machine builds again.
-Before any point has finished there is nothing to go by, so the sweep's first point always starts: set stop_at
-with that much to spare. A single run (no multirun) always starts too: its folder lies among unrelated runs.
+Before any point of the sweep has finished, its first point goes by the sweeps beside it (the Hydra multiruns in the
+same parent folder: under the default `multirun/NAME/STAMP` the same experiment's earlier calls; under a parent a
+queue of campaigns shares, the campaigns before it), read the same way: a point of a neighbour is a guide, where
+starting blind could only be killed by the call's end. With none beside it the first point always starts: set
+stop_at with that much to spare. A single run (no multirun) always starts too: its folder lies among unrelated runs.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ class FinishedPoint:
     op_build_s: float | None = None
 
 
-def finished_points(sweep_dir: Path, this_point: Path) -> list[FinishedPoint]:
+def finished_points(sweep_dir: Path, this_point: Path | None = None) -> list[FinishedPoint]:
     """The sweep's other points that recorded a wall time (a summary that cannot be read tells nothing)."""
     found = []
     for summary_path in sorted(sweep_dir.glob(f"*/{runfiles.SUMMARY}")):
@@ -56,6 +59,14 @@ def finished_points(sweep_dir: Path, this_point: Path) -> list[FinishedPoint]:
         boot = recorded(run_dir, runfiles.ENV, safe_read.read_json, "boot_id")
         found.append(FinishedPoint(float(wall), startup, boot if isinstance(boot, str) else None, builds))
     return found
+
+
+def neighbour_points(sweep_dir: Path) -> list[FinishedPoint]:
+    """The finished points of the multiruns beside this one (none unless this sweep dir is a multirun's)."""
+    if not (sweep_dir / runfiles.MULTIRUN).is_file():
+        return []
+    neighbours = sorted(path.parent for path in sweep_dir.parent.glob(f"*/{runfiles.MULTIRUN}"))
+    return [point for neighbour in neighbours if neighbour != sweep_dir for point in finished_points(neighbour)]
 
 
 def point_s_needed(finished: list[FinishedPoint], boot: str | None) -> float | None:
@@ -81,8 +92,10 @@ def reason_to_skip(stop_at: float | None, run_dir: Path, sweep_dir: Path | None,
     if stop_at is None or sweep_dir is None:
         return None
     left = stop_at - (time.time() if now is None else now)
-    needed = point_s_needed(finished_points(sweep_dir, run_dir), boot_id() if boot is None else boot)
+    own = finished_points(sweep_dir, run_dir)
+    needed = point_s_needed(own or neighbour_points(sweep_dir), boot_id() if boot is None else boot)
     if needed is None or left >= needed:
         return None
-    return (f"{STOP_AT_REASON} {max(left, 0):.0f} s left, and a point of this sweep takes {needed:.0f} s here "
+    whose = "a point of this sweep" if own else "a point of the sweeps beside this one"
+    return (f"{STOP_AT_REASON} {max(left, 0):.0f} s left, and {whose} takes {needed:.0f} s here "
             f"(run it again with sweep.resume=true)")

@@ -33,13 +33,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from harness.contract import envinfo, schema
+from harness.contract import envinfo, runfiles, schema
 from harness.contract.runfiles import write_atomic
 
 logger = logging.getLogger(__name__)
 
 CACHE_DIR = "compile_cache"  # in the sweep dir; the reader skips folders without run files
-SWEEP_MARKER = "multirun.yaml"  # Hydra writes it in a multirun's sweep dir
 # Keys of a point's config that cannot change what DeepCompile's profiling measures.
 NOT_IN_KEY = {"train": ("steps", "measure_steps", "warmup_steps"),
               "offload": ("budget_gb", "budget_fraction", "margin"),
@@ -95,7 +94,7 @@ def key_facts(cfg: Mapping[str, Any], versions_now: Mapping[str, Any]) -> dict[s
 def sweep_dir_of(run_dir: Path) -> Path | None:
     """The sweep dir a run dir belongs to (None for a single run: reuse is across a sweep's points)."""
     parent = Path(run_dir).resolve().parent
-    return parent if (parent / SWEEP_MARKER).is_file() else None
+    return parent if (parent / runfiles.MULTIRUN).is_file() else None
 
 
 def point_caches_at(sweep_dir: Path, versions_now: Mapping[str, Any]) -> None:
