@@ -511,10 +511,11 @@ def test_with_nothing_to_move_ours_and_deepcompile_do_not_differ_on_either_devic
                     reason="no empty_cache_policies results committed")
 def test_emptying_the_cache_every_step_holds_reserved_memory_down_and_costs_time():
     """results/empty_cache_policies/README.md, over the measured steps (two runs of never and once_per_phase with
-    either streams, one of per_step; no retry on any): per_step peaks over 4 GB lower in reserved memory than never and once_per_phase and
-    barely grows, where they grow by over 1.5 GB, and runs slower than once_per_phase with either copy-stream mode;
-    under once_per_phase and never, split copy streams run faster than a single one, whose steps lie within 2% of
-    each other where split ones spread over 5%, and with one copy stream never and once_per_phase read alike."""
+    either streams, one of per_step; no retry on any): per_step peaks over 4 GB lower in reserved memory than never
+    and once_per_phase and barely grows, where they grow by over 1.5 GB, and runs slower than once_per_phase with
+    either copy-stream mode; under once_per_phase and never, split copy streams run faster than a single one, whose
+    steps lie within 2% of each other where split ones spread over 5%; with one copy stream never and once_per_phase
+    read alike."""
     times, reserved = defaultdict(list), defaultdict(list)  # a point's runs
     for config, summary, steps in campaign_points("empty_cache_policies"):
         point = (config["offload"]["empty_cache"], config["offload"]["streams"])

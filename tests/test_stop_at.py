@@ -107,7 +107,7 @@ def test_a_machine_whose_first_point_timed_its_op_builds_is_charged_that_start_u
 
 
 def test_a_sweeps_first_point_goes_by_the_multiruns_beside_it_and_then_by_its_own(tmp_path):
-    """As on an H100 (results/empty_cache_policies, its first repeat): a queue of campaigns, each its own multirun
+    """As on an H100 (results/empty_cache_policies, its repeat 1): a queue of campaigns, each its own multirun
     in one parent, started the next campaign's first point with 76 s left, and the call's end killed it. The
     neighbours' points are the guide until the sweep has one of its own; a folder that is no multirun has none."""
     done, this_sweep = tmp_path / "accumulation", tmp_path / "empty_cache_policies"
@@ -127,6 +127,7 @@ def test_a_sweeps_first_point_goes_by_the_multiruns_beside_it_and_then_by_its_ow
     (this_sweep / runfiles.MULTIRUN).unlink()
     (this_sweep / "1_own" / runfiles.SUMMARY).unlink()
     assert stop_at.reason_to_skip(1000.0, this, this_sweep, now=1000.0 - 76, boot="vm1") is None  # no multirun
+
 
 @pytest.mark.parametrize("value,message", [("-5", "sweep.stop_at"), ("soon", "sweep.stop_at")])
 def test_a_bad_stop_at_is_refused_naming_the_key(value, message):
