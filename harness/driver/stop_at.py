@@ -14,12 +14,16 @@ call's included), in two parts, so that one machine's one-time builds do not cou
   has run none, the longest start-up of any: a fresh machine builds again.
 Before any point of the sweep has finished, its first point goes by the sweeps beside it (the Hydra multiruns in the
 same parent folder: under the default `multirun/NAME/STAMP` the same experiment's earlier calls; under a parent a
-queue of campaigns shares, the campaigns before it), read the same way: a point of a neighbour is a guide, where
-starting blind could only be killed by the call's end. With none beside it the first point always starts: set
-stop_at with that much to spare. A single run (no multirun) always starts too: its folder lies among unrelated runs.
+queue of campaigns shares, the campaigns before it): the median of their points' wall times, each less the op
+builds it made where this machine has run one of them (its ops are built). A neighbour's point is only a guide to
+this sweep's, so it takes the typical one, not the longest: a call as long as a typical point still starts the
+sweep, and one too short for it does not start a point its end would kill. With none beside it the first point
+always starts: set stop_at with that much to spare. A single run (no multirun) always starts too: its folder lies
+among unrelated runs.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +88,15 @@ def point_s_needed(finished: list[FinishedPoint], boot: str | None) -> float | N
     return work + startup
 
 
+def typical_neighbour_s(neighbours: list[FinishedPoint], boot: str | None) -> float | None:
+    """Seconds a point of the sweeps beside this one typically took (module docstring), None with none."""
+    if not neighbours:
+        return None
+    built_here = boot is not None and any(point.boot == boot for point in neighbours)
+    return statistics.median(point.wall_s - (point.op_build_s or 0.0) if built_here else point.wall_s
+                             for point in neighbours)
+
+
 def reason_to_skip(stop_at: float | None, run_dir: Path, sweep_dir: Path | None,
                    now: float | None = None, boot: str | None = None) -> str | None:
     """Why this point must not start before `stop_at` (sweep.stop_at), or None where it may: no stop_at, no sweep
@@ -92,10 +105,10 @@ def reason_to_skip(stop_at: float | None, run_dir: Path, sweep_dir: Path | None,
     if stop_at is None or sweep_dir is None:
         return None
     left = stop_at - (time.time() if now is None else now)
-    own = finished_points(sweep_dir, run_dir)
-    needed = point_s_needed(own or neighbour_points(sweep_dir), boot_id() if boot is None else boot)
+    own, boot = finished_points(sweep_dir, run_dir), boot_id() if boot is None else boot
+    needed = point_s_needed(own, boot) if own else typical_neighbour_s(neighbour_points(sweep_dir), boot)
     if needed is None or left >= needed:
         return None
-    whose = "a point of this sweep" if own else "a point of the sweeps beside this one"
+    whose = "a point of this sweep" if own else "a point of the sweeps beside this one typically"
     return (f"{STOP_AT_REASON} {max(left, 0):.0f} s left, and {whose} takes {needed:.0f} s here "
             f"(run it again with sweep.resume=true)")
