@@ -31,11 +31,17 @@ def extensions_root(environ: Mapping[str, str]) -> Path:
     return Path(cache) / "torch_extensions"
 
 
-def build_locks(root: Path) -> list[Path]:
-    """The locks under the extensions folder: <root>/<op>/lock (TORCH_EXTENSIONS_DIR) or <root>/<py_cu>/<op>/lock."""
+def op_files(root: Path, name: str) -> list[Path]:
+    """The files called `name` in the op folders of the extensions folder: <root>/<op>/ (TORCH_EXTENSIONS_DIR) or
+    <root>/<py_cu>/<op>/ (torch's default)."""
     if not root.is_dir():
         return []
-    return sorted([*root.glob(f"*/{LOCK}"), *root.glob(f"*/*/{LOCK}")])
+    return sorted([*root.glob(f"*/{name}"), *root.glob(f"*/*/{name}")])
+
+
+def build_locks(root: Path) -> list[Path]:
+    """The locks under the extensions folder, one per op whose build holds it (or left it)."""
+    return op_files(root, LOCK)
 
 
 def building(op_dir: Path) -> bool:

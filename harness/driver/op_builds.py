@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.driver.buildlocks import op_files
+
 BUILD_FILE = "build.ninja"
 
 
@@ -18,7 +20,7 @@ def build_seconds(root: Path, since: float) -> float:
     """Seconds of op builds under the extensions folder `root` whose library was written at or after `since`
     (seconds since the epoch, the launch), summed; 0 where nothing was built."""
     total = 0.0
-    for build_file in [*root.glob(f"*/{BUILD_FILE}"), *root.glob(f"*/*/{BUILD_FILE}")]:
+    for build_file in op_files(root, BUILD_FILE):
         library = build_file.parent / f"{build_file.parent.name}.so"
         try:
             started, built = build_file.stat().st_mtime, library.stat().st_mtime
