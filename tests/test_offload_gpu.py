@@ -10,8 +10,9 @@
     pytest -m gpu tests/test_offload_gpu.py -k compose             # composed with prefetch + selective gather at 12 GB,
                                                                    # and on wide_2l at 14 GB (the second model)
     pytest -m gpu tests/test_offload_gpu.py -k refused             # offload.if_infeasible=refuse at 2 GB (~2 min)
-    pytest -m gpu tests/test_offload_gpu.py -k reuse               # 2 budgets in a sweep, reused, vs each cold: 4 runs
-                                                                   # (stable graph ids pinned off)
+    pytest -m gpu tests/test_offload_gpu.py -k "reuse and not repeats"  # 2 budgets in a sweep, reused, vs each
+                                                                   # cold: 4 runs (stable graph ids pinned off)
+    pytest -m gpu tests/test_offload_gpu.py -k reuse_repeats       # 2 repeats of one point sharing profiles: 2 runs
     pytest -m gpu tests/test_offload_gpu.py -k quiet               # no allocator retry at the probe_limit point (~2.5 min)
     pytest -m gpu tests/test_offload_gpu.py -k stable              # the same sweep with stable graph ids (the default
                                                                    # since this passed on an H100, 2026-12-06, from
@@ -407,25 +408,35 @@ def test_an_infeasible_plan_is_refused_before_the_planned_phase_when_asked(runs_
 REUSE_BUDGETS = ("10", "11")
 
 
-def reuse_sweep(runs_dir: Path, name: str = "offload_reuse_sweep", extra: tuple[str, ...] = ()) -> dict[str, Path]:
-    """budget -> run dir of the multirun (run once; reused by name when every point finished ok)."""
+def multirun(runs_dir: Path, name: str, sweep: tuple[str, ...], label: str) -> dict[str, Path]:
+    """The points of one multirun of our pass at the probe's limit with sweep.reuse on, by the value of the config
+    key `label` (dotted); run once, reused by name when every point finished ok. `sweep` holds the swept override
+    and any others."""
     sweep_dir = runs_dir / name
+    expected = max(len(override.split("=", 1)[1].split(",")) for override in sweep if "," in override)
     summaries = sorted(sweep_dir.glob("*/summary.json"))
-    if len(summaries) < len(REUSE_BUDGETS) or any(json.loads(path.read_text())["status"] != "ok" for path in summaries):
-        skip_past_the_deadline(runs_dir, runs=len(REUSE_BUDGETS))
+    if len(summaries) < expected or any(json.loads(path.read_text())["status"] != "ok" for path in summaries):
+        skip_past_the_deadline(runs_dir, runs=expected)
         shutil.rmtree(sweep_dir, ignore_errors=True)  # an earlier partial sweep's cache would make the first point warm
         env = {**os.environ, "HARNESS_ROOT": str(REPO_ROOT)}
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the sweep's own cache dir, under the sweep dir
         command = [sys.executable, "-m", "harness.run", "-m", *PROBE_AT_LIMIT, "arm=offload",
-                   "env.device_memory_gb=12", "offload.budget_rule=step_model", "sweep.reuse=true",
-                   f"offload.budget_gb={','.join(REUSE_BUDGETS)}", *extra, f"hydra.sweep.dir={sweep_dir}"]
+                   "env.device_memory_gb=12", "offload.budget_rule=step_model", "sweep.reuse=true", *sweep,
+                   f"hydra.sweep.dir={sweep_dir}"]
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     points = {}
     for path in sorted(sweep_dir.glob("*/summary.json")):
-        config = yaml.safe_load((path.parent / "config.yaml").read_text())
-        points[f"{config['offload']['budget_gb']:g}"] = path.parent
+        value = yaml.safe_load((path.parent / "config.yaml").read_text())
+        for part in label.split("."):
+            value = value[part]
+        points[f"{value:g}"] = path.parent
     return points
+
+
+def reuse_sweep(runs_dir: Path, name: str = "offload_reuse_sweep", extra: tuple[str, ...] = ()) -> dict[str, Path]:
+    """budget -> run dir of the multirun over REUSE_BUDGETS."""
+    return multirun(runs_dir, name, (f"offload.budget_gb={','.join(REUSE_BUDGETS)}", *extra), "offload.budget_gb")
 
 
 def lookups(run_dir: Path) -> tuple[int, int]:
@@ -473,6 +484,22 @@ def test_stable_graph_ids_let_the_later_point_hit_inductors_cache_and_change_not
         cold, swept = cold_run(runs_dir, budget), points[budget]
         assert read_json(swept, "plan.json")["offloaded"] == read_json(cold, "plan.json")["offloaded"], budget
         assert_same_losses(swept, cold)
+
+
+def test_with_reuse_repeats_a_later_repeat_profiles_nothing_hits_inductors_cache_and_computes_as_the_first(runs_dir):
+    """sweep.reuse_repeats (harness/rank/profile_cache.py): two repeats of the 11 GB point in one multirun; the second
+    reuses every profiling run the first made, so it runs the first's schedule: its graphs hit the FX graph cache in
+    both phases, and it plans the same states, predicts the same peak and computes the same losses."""
+    points = multirun(runs_dir, "offload_reuse_repeats_sweep",
+                      ("offload.budget_gb=11", "train.repeat=0,1", "sweep.reuse_repeats=true"), "train.repeat")
+    first, later = points["0"], points["1"]
+    assert lookups(first)[0] == 0 < lookups(first)[1] and lookups(later)[1] == 0 < lookups(later)[0]
+    for phase in (0, 1):
+        assert first_step_counter(later, phase, "fx_graph_cache_hit") > 0, phase
+    for name in ("plan.json", "summary.json"):
+        key = "offloaded" if name == "plan.json" else "predicted_peak_bytes"
+        assert read_json(later, name)[key] == read_json(first, name)[key], name
+    assert_same_losses(later, first)
 
 
 def test_quiet_steps_our_pass_retries_on_no_step_of_the_final_phase_at_the_probe_limit(runs_dir):

@@ -61,6 +61,21 @@ def test_the_same_point_has_the_same_key_and_any_difference_it_depends_on_is_ano
         assert key_of(cfg, {**VERSIONS, "harness": harness}) != key
 
 
+def test_with_reuse_repeats_a_points_repeats_share_its_key_and_every_other_difference_is_still_another(cfg):
+    """sweep.reuse_repeats (off by default, as the first test asserts): the repeat index leaves the key, nothing
+    else does; a config.yaml written before the key existed keys its repeats apart, as they ran."""
+    assert cfg["sweep"]["reuse_repeats"] is False and typed(cfg).sweep.reuse_repeats is False
+    shared = changed(cfg, "sweep", "reuse_repeats", True)
+    key = key_of(shared)
+    assert key_of(changed(shared, "train", "repeat", 2)) == key != key_of(cfg)
+    for group, name, value in (("train", "seq_len", cfg["train"]["seq_len"] * 2), ("arm", "name", "ds_offload"),
+                               ("launcher", "nproc_per_node", 2), ("train", "seed", 7)):
+        assert key_of(changed(shared, group, name, value)) != key, f"{group}.{name}"
+    written_before = copy.deepcopy(cfg)
+    del written_before["sweep"]["reuse_repeats"]
+    assert key_of(changed(written_before, "train", "repeat", 1)) != key_of(written_before) == key_of(cfg)
+
+
 def test_what_cannot_change_a_profile_keeps_the_key(cfg):
     key = key_of(cfg)
     for group, name, value in (("offload", "budget_gb", 3.0), ("offload", "budget_fraction", 0.5),
@@ -193,7 +208,7 @@ def test_stable_graph_ids_are_a_design_key_as_reuse_is():
     where either differs, and an override of either names its folder."""
     hydra_conf = yaml.safe_load((CONF_DIR / "hydra" / "default.yaml").read_text())
     unnamed = hydra_conf["job"]["config"]["override_dirname"]["exclude_keys"]
-    for key in ("sweep.reuse", "sweep.stable_graph_ids"):
+    for key in ("sweep.reuse", "sweep.stable_graph_ids", "sweep.reuse_repeats"):
         assert is_design_column(key) and key not in CHANGEABLE and key not in unnamed, key
 
 

@@ -63,6 +63,7 @@ def test_a_second_call_keeps_the_ok_point_unchanged_and_runs_a_failed_or_unfinis
     ("train.measure_steps=4", False),   # the settled step counts count
     ("logger=wandb", False),            # a kept point would lack the W&B run this call asks for
     ("sweep.stable_graph_ids=false", False),  # how a point compiles, so its wall time (as sweep.reuse)
+    ("sweep.reuse_repeats=true", False),  # what a repeat profiles, so its schedule and wall time
     ("launcher.timeout_s=1234", True),  # an ok point ended before any timeout
     ("launcher.log_level=DEBUG", True),
     ("sweep.strict=true", True),

@@ -13,8 +13,10 @@ the point runs (cheap, timed in worker.json's wall_split), and the plan is what 
 
 The key leaves out only what cannot change a profile: the step counts, the offload budget (our pass evicts every
 state before profiling; DeepSpeed's pass inserts its budget-dependent ops before DeepCompile re-profiles, and those
-ops are in the graph fingerprint), logging, timeouts and fault injection. `train.repeat` stays in: repeats measure
-the whole pipeline, profiling included. Ranks agree on each hit (a collective), so they skip a profiling run
+ops are in the graph fingerprint), logging, timeouts and fault injection. `train.repeat` stays in by default:
+repeats measure the whole pipeline, profiling included. `sweep.reuse_repeats=true` takes it out, so a point's later
+repeats reuse its first repeat's profiles; DeepCompile schedules from the profiles, so those repeats also run one
+schedule and compile the same graphs, which can hit inductor's FX graph cache. Ranks agree on each hit (a collective), so they skip a profiling run
 together or run it together; rank 0 writes the entries (the interpreters reduce every value over the ranks).
 
 The inductor and Triton caches go to one directory per sweep and harness version (inductor's key does not cover
@@ -79,13 +81,16 @@ def versions(device_name: str | None) -> dict[str, Any] | None:
 
 def key_facts(cfg: Mapping[str, Any], versions_now: Mapping[str, Any]) -> dict[str, Any]:
     """Everything a point's DeepCompile profiles depend on: its config groups less NOT_IN_KEY (the world size is
-    in the launcher group, the emulated device size in env), the race-stress delay, and the versions."""
+    in the launcher group, the emulated device size in env), the race-stress delay, and the versions; the repeat
+    index too unless `sweep.reuse_repeats`."""
     facts: dict[str, Any] = {}
     for group in KEYED_GROUPS:
         values = dict(cfg.get(group) or {})
         for name in NOT_IN_KEY.get(group, ()):
             values.pop(name, None)
         facts[group] = values
+    if (cfg.get("sweep") or {}).get("reuse_repeats"):  # absent in configs written before the key: false
+        facts["train"].pop("repeat", None)
     facts["copy_delay_us"] = (cfg.get("debug") or {}).get("copy_delay_us")
     facts["versions"] = dict(versions_now)
     return facts

@@ -334,6 +334,10 @@ class SweepConfig(Group):
     # inductor's FX graph cache can hit across the points (harness/rank/graph_ids.py). On by default since
     # tests/test_offload_gpu.py -k stable passed on a GPU (the later point hit the cache, planned and computed as cold).
     stable_graph_ids: bool
+    # true (with reuse): train.repeat leaves the profiles' key, so a point's later repeats reuse the DeepCompile
+    # profiles its first repeat made (so the graphs those profiles schedule can hit inductor's cache). false (the
+    # default): each repeat profiles afresh, so the spread of a point's repeats includes that of its profiles.
+    reuse_repeats: bool
     # true: a point whose run dir holds an earlier attempt that ended ok, with the same config (the launcher's
     # timeouts and log level, sweep.strict and this key aside) and the same code, libraries and GPU model, is kept,
     # not run again (harness/driver/resume.py): a campaign longer than one call goes on with the same command and
