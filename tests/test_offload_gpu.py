@@ -248,6 +248,7 @@ def test_compute_step_sync_counts_every_copy_once_and_keeps_the_losses(runs_dir,
     # every step but the first few has seen some copy out done (the last step's may still be pending)
     assert sum(row["copy_d2h_busy_s"] > 0 for row in rows) >= len(rows) - 2, rows
     assert sum(row["copy_d2h_busy_s"] for row in rows) > 0 and sum(row["copy_h2d_busy_s"] for row in rows) > 0
+    assert all(0 <= row["end_sync_s"] < row["step_time_s"] for row in rows), rows  # the host's wait is in the step
     assert_same_losses(run_dir, baseline)
 
 
@@ -413,7 +414,7 @@ def multirun(runs_dir: Path, name: str, sweep: tuple[str, ...], label: str) -> d
     key `label` (dotted); run once, reused by name when every point finished ok. `sweep` holds the swept override
     and any others."""
     sweep_dir = runs_dir / name
-    expected = max(len(override.split("=", 1)[1].split(",")) for override in sweep if "," in override)
+    expected = max((len(override.split("=", 1)[1].split(",")) for override in sweep), default=1)
     summaries = sorted(sweep_dir.glob("*/summary.json"))
     if len(summaries) < expected or any(json.loads(path.read_text())["status"] != "ok" for path in summaries):
         skip_past_the_deadline(runs_dir, runs=expected)

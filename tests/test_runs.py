@@ -47,6 +47,7 @@ def test_tiny_zero3_run_medians_match_steps_and_wandb(tmp_path, run_file_mode):
         assert row["host_rss_bytes"] > 100e6  # a rank holding torch and DeepSpeed resides in well over 100 MB
         assert row["pinned_host_bytes"] is None and row["pin_time_s"] is None  # no pinned allocator on CPU
         assert row["gc_s"] >= 0 and row["gc_collections"] >= 0  # train.gc=auto: whatever landed in the step
+        assert row["end_sync_s"] is None  # no device to wait for
     worker = json.loads((run_dir / "worker.json").read_text())
     assert 1 < worker["startup_s"] < summary["wall_time_s"]  # importing torch alone takes over a second
     split = summary["wall_split"]  # the eager arm's: start-up in parts, each phase's first step, no DeepCompile

@@ -83,6 +83,9 @@ FIELDS: tuple[StepField, ...] = (
     StepField("phase", "index", "loop"),
     StepField("phase_step", "index", "loop"),
     StepField("step_time_s", "s", "loop", ranks="max", phase=("interval",)),
+    # the host's wait in the step's closing synchronize (train.step_sync), part of step_time_s: near 0, the host,
+    # not the device, set the step's pace (it queued the last work just before the device finished). Null on CPU.
+    StepField("end_sync_s", "s", "loop", ranks="max", phase=("median",)),
     StepField("loss", "loss", "loop", ranks="mean"),  # the mean over the step's micro-batches, then over ranks
     StepField("tokens", "tokens", "loop"),
     StepField("tokens_per_s", "tokens/s", "loop", phase=("quartiles",)),

@@ -287,12 +287,15 @@ def step_loop(config: schema.Config, run_dir: Path, position: Position, built: B
             monitor.end_segment("opt_step")
             loss_sum += loss.detach().float()
         slow_down(config.debug, step, built.rank)
+        queued = time.perf_counter()
         synchronize(device, train.step_sync)  # the step's end: all its device work, or its compute stream's
-        step_time = time.perf_counter() - start
+        end = time.perf_counter()
+        step_time = end - start
         gc_step = gc_clock.step_stats()
         split.after_step(phase, phase_step, step_time)
         diagnostics.after(step, device, run_dir)
         record = steps.record({"step": step, "phase": phase, "phase_step": phase_step, "step_time_s": step_time,
+                               "end_sync_s": end - queued if monitor.cuda else None,
                                "loss": loss_sum.item() / train.grad_accum, **monitor.step_stats(),
                                **built.host.step_stats(), **gc_step, **counters.step_values(),
                                "traced": diagnostics.traces(step)})
