@@ -1,6 +1,7 @@
 """What the pauses inside a step cost per design point: the allocator's retries (a device synchronize, a flush of
 every cached block, a new cudaMalloc), with the slope of step time on retries per step, and where the runs recorded
-it, Python's garbage collector (gc_s, train.gc). analysis/measurement.py's tables say how each point was measured.
+it, Python's garbage collector (gc_s, train.gc) and the host's wait at each step's end (end_sync_s), which tells a
+host-paced step from a device-paced one. analysis/measurement.py's tables say how each point was measured.
 """
 from __future__ import annotations
 
@@ -97,29 +98,68 @@ def _gc_cells(values: Mapping[str, Any]) -> dict[tuple[str, str], str]:
             ("", "GC ms/step"): _ms(values["gc_s_mean"])}
 
 
+SYNC = "end_sync_s"
+SYNC_VALUES = ("steps_sync_recorded", "steps_host_paced", "end_sync_s_median")
+SYNC_COLUMNS = [("", "host-paced steps"), ("", "end wait ms")]
+HOST_PACED_S = 1e-3  # a closing synchronize this short: the device had caught up with the host before it
+
+
+def sync_values(runs: Sequence[pd.DataFrame]) -> dict[str, float | None]:
+    """The host's wait in each measured step's closing synchronize, its runs pooled: the steps the host paced (a
+    wait under HOST_PACED_S) and the median wait; None where no run recorded it (CPU runs, runs before end_sync_s)."""
+    seconds = pd.Series([value for run in runs if SYNC in run for value in run[SYNC].astype(float)],
+                        dtype=float).dropna()
+    if seconds.empty:
+        return dict.fromkeys(SYNC_VALUES)
+    return {"steps_sync_recorded": len(seconds), "steps_host_paced": int((seconds < HOST_PACED_S).sum()),
+            "end_sync_s_median": float(seconds.median())}
+
+
+def _sync_cells(values: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    if values["end_sync_s_median"] is None:
+        return {}
+    return {("", "host-paced steps"): f"{values['steps_host_paced']}/{values['steps_sync_recorded']}",
+            ("", "end wait ms"): _ms(values["end_sync_s_median"])}
+
+
+# Column groups shown only where some point's runs recorded them, so the reports of runs without them stay the same:
+# (the value that tells, the values, the columns, the caption's sentence).
+RECORDED_ONLY = (
+    ("gc_s_mean", GC_VALUES, GC_COLUMNS,
+     " steps with GC, GC ms/step: the measured steps a collection of Python's garbage collector ran in and the mean "
+     "milliseconds a step spent in it (gc_s; train.gc); '-' where not recorded."),
+    ("end_sync_s_median", SYNC_VALUES, SYNC_COLUMNS,
+     f" host-paced steps, end wait ms: the measured steps whose closing synchronize waited under "
+     f"{HOST_PACED_S * 1000:g} ms (the host, not the device, set their pace) and the median wait (end_sync_s; "
+     "train.step_sync); '-' where not recorded."),
+)
+
+
 def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
     """Per design point: how many of its measured steps the allocator retried on, the median retries per step, step
     time on the steps with the fewest retries and on all, and what one retry costs (ms, with its 95% interval);
-    where the runs recorded it, the other pause inside a step: Python's garbage collector (steps, mean ms/step)."""
+    where the runs recorded them, the other pause inside a step, Python's garbage collector (steps, mean ms/step),
+    and who set the steps' pace, from the host's wait at each step's end (steps under 1 ms, median ms)."""
     rows, lines = [], []
     for row, label, group, runs in steps_by_design_point(points, steps):
         head, cells = _point_head(row, label, group, runs)
-        values = {**retry_values(runs), **gc_values(runs)}
+        values = {**retry_values(runs), **gc_values(runs), **sync_values(runs)}
         rows.append({**head, **values})
         lines.append({**cells, ("", "s/step"): _step_time_cell(values["step_time_s"], head), **_retry_cells(values),
-                      **_gc_cells(values)})
+                      **_gc_cells(values), **_sync_cells(values)})
     values = pd.DataFrame(rows)
-    recorded_gc = bool("gc_s_mean" in values and values["gc_s_mean"].notna().any())
-    if not recorded_gc:  # the table as it was before gc_s, so the reports of runs without it stay the same
-        values = values.drop(columns=list(GC_VALUES), errors="ignore")
-    counts = {name: "Int64" for name in (*RETRY_COUNTS, "steps_gc_recorded", "steps_with_gc") if name in values}
     caption = ("Allocator retries on the final phase's measured steps, the runs of a point pooled (a retry is a "
                "device synchronize, a flush of every cached block and a new cudaMalloc). s/step: medians over the "
                "steps with the fewest retries and over all. ms/retry: the Theil-Sen slope of step time on retries "
                "per step with its 95% interval (scipy.stats.theilslopes); '-' where retries do not vary within the "
                "point.")
-    if recorded_gc:
-        caption += (" steps with GC, GC ms/step: the measured steps a collection of Python's garbage collector ran "
-                    "in and the mean milliseconds a step spent in it (gc_s; train.gc); '-' where not recorded.")
-    columns = RETRY_COLUMNS + (GC_COLUMNS if recorded_gc else [])
+    columns = list(RETRY_COLUMNS)
+    for telling, names, group_columns, sentence in RECORDED_ONLY:
+        if telling in values and values[telling].notna().any():
+            caption += sentence
+            columns += group_columns
+        else:
+            values = values.drop(columns=list(names), errors="ignore")
+    counts = {name: "Int64" for name in (*RETRY_COUNTS, "steps_gc_recorded", "steps_with_gc", "steps_sync_recorded",
+                                         "steps_host_paced") if name in values}
     return Table("retries", values.astype(counts), display_frame(lines, columns), caption=caption)

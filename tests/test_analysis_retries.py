@@ -138,3 +138,24 @@ def test_without_a_recorded_garbage_collector_the_table_has_no_gc_columns():
     sweep = load_sweep(FIXTURE)
     table = retry_table(sweep.points, sweep.steps)
     assert ("", "GC ms/step") not in table.display.columns and "gc_s_mean" not in table.values
+
+
+def test_where_runs_recorded_the_hosts_wait_at_each_steps_end_the_host_paced_steps_get_columns(tmp_path):
+    """end_sync_s (the step loop's closing synchronize): the table adds the measured steps the host paced (a wait
+    under 1 ms) and the median wait; a point recorded before end_sync_s shows '-' there."""
+    write_point(tmp_path, 0, arm="zero3", phase_times=((1.0, 0.5, 0.4, 0.6),), step_values={"end_sync_s": 0.0004})
+    write_point(tmp_path, 1, arm="zero3", micro_batch=4, phase_times=((1.0, 0.5, 0.4, 0.6),),
+                step_values={"end_sync_s": 0.03})
+    write_point(tmp_path, 2, arm="zero3", micro_batch=8, phase_times=((1.0, 0.5, 0.4, 0.6),))
+    sweep = load_sweep(tmp_path)
+    table = retry_table(sweep.points, sweep.steps)
+    sync_cells = table.display[[("", "host-paced steps"), ("", "end wait ms")]].values.tolist()
+    assert sync_cells == [["3/3", "0.4"], ["0/3", "30"], ["-", "-"]]
+    assert table.values["steps_host_paced"].tolist()[:2] == [3, 0]
+    assert "host-paced steps, end wait ms" in table.caption and ("", "GC ms/step") not in table.display.columns
+
+
+def test_without_a_recorded_end_wait_the_table_has_no_host_paced_columns():
+    sweep = load_sweep(FIXTURE)
+    table = retry_table(sweep.points, sweep.steps)
+    assert ("", "end wait ms") not in table.display.columns and "end_sync_s_median" not in table.values
