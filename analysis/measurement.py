@@ -117,6 +117,9 @@ def _flags(group: pd.DataFrame, runs: Sequence[Sequence[float]], spread: float |
     unsteady = ok[ok["steady"] == False]  # noqa: E712 (None: too few steps to judge, already flagged above)
     flags += [f"unsteady ({name})" for name in _check_names(unsteady.get("steady_reasons", pd.Series(dtype=str)))]
     flags += _check_names(ok.get("machine_flags", pd.Series(dtype=str)))
+    graph_sets = ok.get("profiled_graphs", pd.Series(dtype=str)).dropna().nunique()
+    if graph_sets > 1:  # each run profiled afresh and DeepCompile scheduled its graphs from what it measured
+        flags.append(f"runs profiled {graph_sets} different graph sets")
     return ", ".join(flags) or NOT_APPLICABLE
 
 

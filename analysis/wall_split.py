@@ -4,6 +4,7 @@ column is null in runs recorded before the split, and a part is null where the r
 time it (never a 0 it did not measure)."""
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ REST_COLUMNS = ("split_imports_s", "split_model_s", "split_engine_s", "split_tea
 COMPILED_GRAPHS, GRAPH_BREAKS, LATER_COMPILES = "compiled_graphs", "graph_breaks", "later_compiles"
 COMPILE_COLUMNS = (COMPILED_GRAPHS, GRAPH_BREAKS, LATER_COMPILES)
 SPLIT_COLUMNS = (*FIRST_STEP_COLUMNS, *REST_COLUMNS, "split_dc_profiling_by_phase", "profile_key", "profiles_reused",
-                 "profiles_looked_up")
+                 "profiles_looked_up", "profiled_graphs")
 
 
 def _number(block: Mapping[str, Any], name: str) -> float | None:
@@ -74,11 +75,18 @@ def rest_columns(split: Mapping[str, Any], wall_time_s: Any) -> dict[str, Any]:
 def cache_columns(cache: Any) -> dict[str, Any]:
     """The profile cache's key and its lookups over all phases (null: no cache, reuse off or a single run)."""
     if not isinstance(cache, Mapping):
-        return {"profile_key": None, "profiles_reused": None, "profiles_looked_up": None}
+        return {"profile_key": None, "profiles_reused": None, "profiles_looked_up": None, "profiled_graphs": None}
     lookups = [counts for counts in (cache.get("lookups") or {}).values() if isinstance(counts, Mapping)]
     hits = sum(int(counts.get("hit") or 0) for counts in lookups)
+    graphs = cache.get("graphs")  # absent in runs recorded before it
     return {"profile_key": cache.get("key"), "profiles_reused": hits,
-            "profiles_looked_up": hits + sum(int(counts.get("miss") or 0) for counts in lookups)}
+            "profiles_looked_up": hits + sum(int(counts.get("miss") or 0) for counts in lookups),
+            "profiled_graphs": digest_of(graphs) if isinstance(graphs, Mapping) and graphs else None}
+
+
+def digest_of(value: Any) -> str:
+    """A short name for a JSON value: two runs whose profiled graphs are the same share it."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def split_columns(summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -143,3 +143,24 @@ def test_bench_says_nothing_of_reuse_where_no_point_reused(tmp_path):
     set_summary(tmp_path, run_dir, wall_time_s=60.0, profile_cache={"key": "k1", "lookups": {"0": {"miss": 4}}})
     sweep = load_sweep(tmp_path)
     assert "reused" not in device_time_line(sweep.points, sweep.steps)
+
+
+def test_repeats_that_profiled_different_graphs_are_flagged_and_runs_recorded_before_the_graphs_are_not(tmp_path):
+    """summary.json's profile_cache.graphs (each profiled graph's fingerprint, per phase): a point whose runs
+    profiled different graph sets (DeepCompile scheduled each from its own profile) says how many in its flags; one
+    whose runs profiled the same graphs, or recorded none, says nothing of them."""
+    from analysis.measurement import measurement_table
+
+    phases = ((5.0, 1.0, 1.0, 1.0),)
+    same, differ = {"0": ["profile-aaa", "memory-bbb"]}, {"0": ["profile-aaa", "memory-ccc"]}
+    for job, (arm, repeat, graphs) in enumerate((("offload", 0, same), ("offload", 1, differ), ("offload", 2, same),
+                                                 ("ds_offload", 0, same), ("ds_offload", 1, same),
+                                                 ("deepcompile", 0, None), ("deepcompile", 1, None))):
+        run_dir = write_point(tmp_path, job, arm=arm, repeat=repeat, phase_times=phases)
+        cache = {"key": "k", "lookups": {"0": {"miss": 2}}, **({} if graphs is None else {"graphs": graphs})}
+        set_summary(tmp_path, run_dir, profile_cache=cache)
+    sweep = load_sweep(tmp_path)
+    flags = {row[("", "arm")]: row[("", "flags")]
+             for row in measurement_table(sweep.points, sweep.steps).display.to_dict("records")}
+    assert "runs profiled 2 different graph sets" in flags["offload"], flags
+    assert "graph sets" not in flags["ds_offload"] and "graph sets" not in flags["deepcompile"], flags

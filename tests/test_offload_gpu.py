@@ -500,6 +500,8 @@ def test_with_reuse_repeats_a_later_repeat_profiles_nothing_hits_inductors_cache
     for name in ("plan.json", "summary.json"):
         key = "offloaded" if name == "plan.json" else "predicted_peak_bytes"
         assert read_json(later, name)[key] == read_json(first, name)[key], name
+    graphs = [read_json(run_dir, "summary.json")["profile_cache"]["graphs"] for run_dir in (first, later)]
+    assert graphs[0] == graphs[1] and graphs[0], graphs  # one schedule: the same graphs profiled, in order
     assert_same_losses(later, first)
 
 

@@ -160,6 +160,9 @@ def test_a_later_point_of_the_same_key_reuses_each_profiling_run_and_another_key
     phase["now"] = 1
     runs["profile"](FakeInterpreter(graph()))
     assert first.lookups == {0: {"hit": 0, "miss": 2}, 1: {"hit": 0, "miss": 1}}
+    graph_print = fingerprint(graph(), profile_cache._graph_ids())  # each profiled graph, in order, per phase
+    assert first.facts_for_worker()["graphs"] == {"0": [f"profile-{graph_print}", f"memory-{graph_print}"],
+                                                  "1": [f"profile-{graph_print}"]}
     assert set(seconds) == {0, 1}  # the runs made, timed per phase
 
     later, runs, seconds = point(facts, later_calls)

@@ -189,6 +189,10 @@ class ProfileCache:
         self.facts = dict(facts)
         self.stable_graph_ids = False  # graph_ids.install() ran: DeepCompile's graph ids are Dynamo's compile ids
         self.lookups: dict[int, dict[str, int]] = defaultdict(lambda: {"hit": 0, "miss": 0})
+        # per phase, each profiled graph's kind and fingerprint in order: DeepCompile's gather/release schedule is
+        # made from the profiled memory, so two runs that profiled afresh can compile different graphs, and this
+        # says whether they did
+        self.graphs: dict[int, list[str]] = defaultdict(list)
         self._seen: dict[tuple, int] = defaultdict(int)
         if writes:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -212,9 +216,11 @@ class ProfileCache:
 
     def facts_for_worker(self) -> dict[str, Any]:
         """worker.json's profile_cache: the key (its facts are in key.json beside the entries) and, per phase,
-        the profiling runs reused (hit) and made (miss), and whether graph ids were made stable."""
+        the profiling runs reused (hit) and made (miss) and the graphs profiled, and whether graph ids were made
+        stable."""
         return {"key": self.key, "dir": str(Path(CACHE_DIR) / "profiles" / self.key),
                 "lookups": {str(phase): dict(counts) for phase, counts in sorted(self.lookups.items())},
+                "graphs": {str(phase): list(prints) for phase, prints in sorted(self.graphs.items())},
                 "stable_graph_ids": self.stable_graph_ids}
 
 
@@ -283,7 +289,9 @@ def _wrapped(run: Callable, kind: str, cache: ProfileCache | None, current_phase
         phase = current_phase() or 0
         path = entry = None
         if cache is not None:
-            path = cache.entry_path(phase, kind, fingerprint(interpreter.graph, _graph_ids()))
+            graph_print = fingerprint(interpreter.graph, _graph_ids())
+            cache.graphs[phase].append(f"{kind}-{graph_print}")
+            path = cache.entry_path(phase, kind, graph_print)
             entry = cache.load(path)
             if _all_ranks_have(_fits(interpreter, entry), interpreter):
                 _apply(interpreter, kind, entry)
