@@ -16,8 +16,9 @@ state before profiling; DeepSpeed's pass inserts its budget-dependent ops before
 ops are in the graph fingerprint), logging, timeouts and fault injection. `train.repeat` stays in by default:
 repeats measure the whole pipeline, profiling included. `sweep.reuse_repeats=true` takes it out, so a point's later
 repeats reuse its first repeat's profiles; DeepCompile schedules from the profiles, so those repeats also run one
-schedule and compile the same graphs, which can hit inductor's FX graph cache. Ranks agree on each hit (a collective), so they skip a profiling run
-together or run it together; rank 0 writes the entries (the interpreters reduce every value over the ranks).
+schedule and compile the same graphs, which can hit inductor's FX graph cache. Ranks agree on each hit (a
+collective), so they skip a profiling run together or run it together; rank 0 writes the entries (the interpreters
+reduce every value over the ranks).
 
 The inductor and Triton caches go to one directory per sweep and harness version (inductor's key does not cover
 our ops' Python code), so every point of a sweep shares them; their FX graph entries match across points only with
