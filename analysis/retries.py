@@ -81,21 +81,29 @@ GC_VALUES = ("steps_gc_recorded", "steps_with_gc", "gc_s_mean")
 GC_COLUMNS = [("", "steps with GC"), ("", "GC ms/step")]
 
 
+def _pooled(runs: Sequence[pd.DataFrame], field: str) -> pd.Series:
+    """A step field's values over a point's measured steps, its runs pooled; empty where no run recorded it."""
+    return pd.Series([value for run in runs if field in run for value in run[field].astype(float)],
+                     dtype=float).dropna()
+
+
+def _count_and_ms_cells(values: Mapping[str, Any], names: tuple[str, str, str],
+                        columns: Sequence[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """`counted/recorded` and milliseconds, from the values `names` = (recorded, counted, seconds); none where
+    nothing was recorded."""
+    recorded, counted, seconds = names
+    if values[seconds] is None:
+        return {}
+    return {columns[0]: f"{values[counted]}/{values[recorded]}", columns[1]: _ms(values[seconds])}
+
+
 def gc_values(runs: Sequence[pd.DataFrame]) -> dict[str, float | None]:
     """Python's garbage collector inside a point's measured steps, its runs pooled: the steps a collection landed
     in and the mean milliseconds a step spent in it; None where no run recorded it (runs before gc_s)."""
-    seconds = pd.Series([value for run in runs if GC in run for value in run[GC].astype(float)], dtype=float).dropna()
+    seconds = _pooled(runs, GC)
     if seconds.empty:
         return dict.fromkeys(GC_VALUES)
-    return {"steps_gc_recorded": len(seconds), "steps_with_gc": int((seconds > 0).sum()),
-            "gc_s_mean": float(seconds.mean())}
-
-
-def _gc_cells(values: Mapping[str, Any]) -> dict[tuple[str, str], str]:
-    if values["gc_s_mean"] is None:
-        return {}
-    return {("", "steps with GC"): f"{values['steps_with_gc']}/{values['steps_gc_recorded']}",
-            ("", "GC ms/step"): _ms(values["gc_s_mean"])}
+    return dict(zip(GC_VALUES, (len(seconds), int((seconds > 0).sum()), float(seconds.mean()))))
 
 
 SYNC = "end_sync_s"
@@ -107,19 +115,10 @@ HOST_PACED_S = 1e-3  # a closing synchronize this short: the device had caught u
 def sync_values(runs: Sequence[pd.DataFrame]) -> dict[str, float | None]:
     """The host's wait in each measured step's closing synchronize, its runs pooled: the steps the host paced (a
     wait under HOST_PACED_S) and the median wait; None where no run recorded it (CPU runs, runs before end_sync_s)."""
-    seconds = pd.Series([value for run in runs if SYNC in run for value in run[SYNC].astype(float)],
-                        dtype=float).dropna()
+    seconds = _pooled(runs, SYNC)
     if seconds.empty:
         return dict.fromkeys(SYNC_VALUES)
-    return {"steps_sync_recorded": len(seconds), "steps_host_paced": int((seconds < HOST_PACED_S).sum()),
-            "end_sync_s_median": float(seconds.median())}
-
-
-def _sync_cells(values: Mapping[str, Any]) -> dict[tuple[str, str], str]:
-    if values["end_sync_s_median"] is None:
-        return {}
-    return {("", "host-paced steps"): f"{values['steps_host_paced']}/{values['steps_sync_recorded']}",
-            ("", "end wait ms"): _ms(values["end_sync_s_median"])}
+    return dict(zip(SYNC_VALUES, (len(seconds), int((seconds < HOST_PACED_S).sum()), float(seconds.median()))))
 
 
 # Column groups shown only where some point's runs recorded them, so the reports of runs without them stay the same:
@@ -146,7 +145,8 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
         values = {**retry_values(runs), **gc_values(runs), **sync_values(runs)}
         rows.append({**head, **values})
         lines.append({**cells, ("", "s/step"): _step_time_cell(values["step_time_s"], head), **_retry_cells(values),
-                      **_gc_cells(values), **_sync_cells(values)})
+                      **_count_and_ms_cells(values, GC_VALUES, GC_COLUMNS),
+                      **_count_and_ms_cells(values, SYNC_VALUES, SYNC_COLUMNS)})
     values = pd.DataFrame(rows)
     caption = ("Allocator retries on the final phase's measured steps, the runs of a point pooled (a retry is a "
                "device synchronize, a flush of every cached block and a new cudaMalloc). s/step: medians over the "
