@@ -160,6 +160,6 @@ def retry_table(points: pd.DataFrame, steps: pd.DataFrame) -> Table:
             columns += group_columns
         else:
             values = values.drop(columns=list(names), errors="ignore")
-    counts = {name: "Int64" for name in (*RETRY_COUNTS, "steps_gc_recorded", "steps_with_gc", "steps_sync_recorded",
-                                         "steps_host_paced") if name in values}
+    recorded_counts = [name for _, names, _, _ in RECORDED_ONLY for name in names[:2]]  # (recorded, counted)
+    counts = {name: "Int64" for name in (*RETRY_COUNTS, *recorded_counts) if name in values}
     return Table("retries", values.astype(counts), display_frame(lines, columns), caption=caption)

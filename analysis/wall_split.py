@@ -4,12 +4,12 @@ column is null in runs recorded before the split, and a part is null where the r
 time it (never a 0 it did not measure)."""
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.contract.checks import is_finite_number
+from harness.contract.runfiles import digest
 
 # Of the phases' first steps, summed over phases: Dynamo and AOT tracing (torch's compile time less what is nested
 # in it), inductor, DeepCompile's profiling runs (also per phase, as JSON), its other pass work, our pass's.
@@ -81,12 +81,7 @@ def cache_columns(cache: Any) -> dict[str, Any]:
     graphs = cache.get("graphs")  # absent in runs recorded before it
     return {"profile_key": cache.get("key"), "profiles_reused": hits,
             "profiles_looked_up": hits + sum(int(counts.get("miss") or 0) for counts in lookups),
-            "profiled_graphs": digest_of(graphs) if isinstance(graphs, Mapping) and graphs else None}
-
-
-def digest_of(value: Any) -> str:
-    """A short name for a JSON value: two runs whose profiled graphs are the same share it."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+            "profiled_graphs": digest(graphs) if isinstance(graphs, Mapping) and graphs else None}
 
 
 def split_columns(summary: Mapping[str, Any]) -> dict[str, Any]:

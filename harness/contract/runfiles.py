@@ -8,6 +8,7 @@ No Hydra here: the ranks use this module.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -102,6 +103,12 @@ def write_atomic(path: str | Path, content: Content) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # left only when filling it failed
+
+
+def digest(value: Any) -> str:
+    """A short, stable name for a JSON-able value (its keys sorted): the profile cache's key, a run's profiled
+    graphs. Two values share it only when equal."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -27,7 +27,6 @@ our ops' Python code), so every point of a sweep shares them; their FX graph ent
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from harness.contract import envinfo, runfiles, schema
-from harness.contract.runfiles import write_atomic
+from harness.contract.runfiles import digest, write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +50,6 @@ KEYED_GROUPS = ("model", "arm", "train", "offload", "env", "launcher")
 PROFILE_META = ("device_time", "wall_time", "alloc_mem", "max_mem", "tensor_size", "profile_mem_start",
                 "profile_mem_peak")  # what ProfilingInterpreter leaves on each node
 MEMORY_META = ("profile_mem_start", "profile_mem_peak")  # what MemoryProfilingInterpreter leaves on each node
-
-
-def digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def harness_version() -> dict[str, str] | None:
